@@ -1,0 +1,116 @@
+"""ringlet: gradient synchronisation for distributed PyTorch, collectives written as schedules.
+
+Quick use::
+
+    import ringlet
+    ringlet.init()                      # transport from how the job was launched (ringlet run)
+    out = ringlet.allreduce(t, op="sum")
+"""
+from __future__ import annotations
+
+import atexit
+
+from . import algorithms
+from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                          allreduce_async_, alltoall, alltoall_async, barrier, barrier_async, broadcast,
+                          broadcast_, broadcast_async, broadcast_async_, reduce, reduce_, reduce_async,
+                          reduce_async_, reduce_scatter, reduce_scatter_async, use_runtime)
+from .group import Group
+from .runtime import Runtime, Work
+from .types import (SUPPORTED_DTYPES, CollectiveTimeout, MismatchError, Options, PeerError, ReduceOp,
+                    RingletError)
+
+__version__ = "0.1.0"
+
+SUM, AVG, MIN, MAX, PRODUCT = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
+_atexit_registered = False
+
+
+def init(transport=None, options: Options | None = None) -> Runtime:
+    """Start ringlet in this process. A second call while initialised is a no-op.
+
+    ``transport``: a name (``"torch"``, ``"mpi"``, ``"shm"``), a ready :class:`~ringlet.transport.Transport`,
+    or ``None`` to follow the launcher (``RINGLET_TRANSPORT``, torchrun's env, mpiexec's env; a lone
+    process gets a world of one).
+    """
+    global _atexit_registered
+    from . import collectives
+    from .transport import Transport, create
+
+    if collectives._runtime is not None:
+        return collectives._runtime
+    tr = transport if isinstance(transport, Transport) else create(transport)
+    rt = Runtime(tr, options)
+    collectives._set_runtime(rt)
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+    return rt
+
+
+def shutdown() -> None:
+    """Finish queued collectives, close the transport and forget the runtime; ``init`` may follow."""
+    from . import collectives
+
+    rt = collectives._runtime
+    if rt is not None:
+        collectives._set_runtime(None)
+        rt.close()
+
+
+def is_initialized() -> bool:
+    from . import collectives
+
+    return collectives._runtime is not None
+
+
+def _rt() -> Runtime:
+    from .collectives import runtime
+
+    return runtime()
+
+
+def rank() -> int:
+    """This process's rank in the world."""
+    return _rt().rank
+
+
+def size() -> int:
+    """Number of ranks in the world."""
+    return _rt().size
+
+
+def local_rank() -> int:
+    """Rank among the processes of this host."""
+    return _rt().local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return _rt().local_size()
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts (ranks with the same local rank, in rank order)."""
+    return _rt().cross_rank()
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process with this local rank."""
+    return _rt().cross_size()
+
+
+def new_group(ranks) -> Group:
+    """A sub-group of global ``ranks``. Every rank of the world calls it, in the same order."""
+    return _rt().new_group(ranks)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "new_group", "Group", "Work", "Options", "ReduceOp", "SUM", "AVG", "MIN", "MAX", "PRODUCT",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "reduce", "reduce_", "reduce_async", "reduce_async_",
+    "allgather", "allgather_async", "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async",
+    "barrier", "barrier_async", "use_runtime", "algorithms", "SUPPORTED_DTYPES", "RingletError",
+    "MismatchError", "PeerError", "CollectiveTimeout", "Runtime",
+]

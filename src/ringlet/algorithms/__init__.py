@@ -1,0 +1,38 @@
+"""Algorithms decide what goes where. Each builder returns a :class:`Schedule`; none imports a transport.
+
+Registries map public algorithm names to builders with one signature per collective:
+``allreduce(p, count, host_of) -> Schedule`` where ``host_of[r]`` is the host index of group rank ``r``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import alltoall, barrier, binomial, direct, ring
+from .schedule import Schedule, ScheduleBuilder, Transfer, even_split
+
+AllreduceBuilder = Callable[[int, int, tuple[int, ...]], Schedule]
+
+ALLREDUCE: dict[str, AllreduceBuilder] = {
+    "ring": lambda p, n, host_of: ring.allreduce(p, n),
+}
+
+# "native" is the backend's own all-reduce; it has no schedule and is dispatched by the collective.
+NATIVE = "native"
+ALIASES = {
+    "rabenseifner": "halving_doubling",
+    "hd": "halving_doubling",
+    "rhd": "halving_doubling",
+    "recursive_halving_doubling": "halving_doubling",
+    "double_binary_tree": "tree",
+    "dbtree": "tree",
+    "2d_torus": "torus",
+    "hier": "hierarchical",
+}
+
+
+def allreduce_names() -> list[str]:
+    return sorted(ALLREDUCE) + [NATIVE]
+
+
+__all__ = ["ALLREDUCE", "ALIASES", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
+           "allreduce_names", "alltoall", "barrier", "binomial", "direct", "ring"]

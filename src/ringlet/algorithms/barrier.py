@@ -1,0 +1,21 @@
+"""Dissemination barrier: in round ``k`` rank ``r`` signals ``r + 2^k`` and waits for ``r - 2^k``.
+
+After ``ceil(log2 p)`` rounds every rank has transitively heard from every other, for any ``p``.
+"""
+from __future__ import annotations
+
+import functools
+
+from .schedule import Schedule, ScheduleBuilder
+
+
+@functools.lru_cache(maxsize=64)
+def dissemination(p: int) -> Schedule:
+    b = ScheduleBuilder("dissemination_barrier", p)
+    k = 1
+    while k < p:
+        b.new_step()
+        for r in range(p):
+            b.add(r, (r + k) % p, 0, 1)
+        k <<= 1
+    return b.build()

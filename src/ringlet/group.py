@@ -1,0 +1,32 @@
+"""Groups of ranks: the world and sub-groups. A collective's schedule runs over group ranks
+``0..size-1``; the group maps them to transport (global) ranks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """An ordered set of global ranks. ``id`` is assigned in creation order, identical on every rank."""
+
+    id: int
+    ranks: tuple[int, ...]
+    host_of: tuple[int, ...]  # host index of each member, in member order
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of(self, global_rank: int) -> int:
+        """Group rank of ``global_rank``; ``ValueError`` when it is not a member."""
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise ValueError(f"Rank {global_rank} is not a member of group {self.id} (ranks {list(self.ranks)}).") from None
+
+    def __contains__(self, global_rank: int) -> bool:
+        return global_rank in self.ranks
+
+    @property
+    def hosts(self) -> int:
+        return len(set(self.host_of))

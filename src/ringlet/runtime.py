@@ -1,0 +1,192 @@
+"""The per-process runtime: one transport, the groups, tag sequencing and the communication thread.
+
+Collectives execute one at a time in submission order, either inline in the caller (nothing queued)
+or on the background thread (``*_async``), so every rank runs them in the same order.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+from typing import Any, Callable
+
+import torch
+
+from .group import Group
+from .types import Options
+
+# Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group 5 bits | op sequence 8 bits | step 16 bits.
+_GROUP_BITS, _SEQ_BITS, _STEP_BITS = 5, 8, 16
+META_STEP = (1 << _STEP_BITS) - 64  # steps reserved for the metadata exchange of an op
+
+
+class Work:
+    """Handle of an asynchronous collective: ``wait()`` returns its result or raises its error."""
+
+    __slots__ = ("_event", "_result", "_error")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def done(self) -> bool:
+        """True once the collective has completed (successfully or not); never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until completion; return the result (the output tensor) or raise the collective's error."""
+        if not self._event.wait(timeout):
+            raise TimeoutError("collective still running")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class Runtime:
+    def __init__(self, transport, options: Options | None = None):
+        self.transport = transport
+        self.options = options or Options.from_env()
+        self.rank = transport.rank
+        self.size = transport.size
+        self._seq: dict[int, int] = collections.defaultdict(int)
+        self._exec_lock = threading.RLock()
+        self._state_lock = threading.Lock()
+        self._queue: collections.deque = collections.deque()
+        self._queued = 0
+        self._wake = threading.Condition(self._state_lock)
+        self._worker: threading.Thread | None = None
+        self._closed = False
+        self.groups: list[Group] = []
+        hostnames = self._exchange_hostnames()
+        order: dict[str, int] = {}
+        host_of = tuple(order.setdefault(h, len(order)) for h in hostnames)
+        self.hostnames = hostnames
+        self.world = self._add_group(tuple(range(self.size)), host_of)
+
+    # ---- topology -------------------------------------------------------------------------
+    def _exchange_hostnames(self) -> tuple[str, ...]:
+        from .algorithms import direct, executor
+
+        name = os.environ.get("RINGLET_HOSTNAME") or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        raw = name.encode()[:63]
+        width = 64
+        buf = torch.zeros(self.size * width, dtype=torch.uint8)
+        buf[self.rank * width:self.rank * width + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        if self.size > 1:
+            sched = direct.allgather(self.size, tuple([width] * self.size))
+            executor.execute(sched, self.rank, self.transport, (buf,), 1, tag=self.tag_base(0, 0) + META_STEP,
+                             timeout=self.options.timeout)
+        out = []
+        for r in range(self.size):
+            chunk = bytes(buf[r * width:(r + 1) * width].tolist()).rstrip(b"\0")
+            out.append(chunk.decode(errors="replace"))
+        return tuple(out)
+
+    @property
+    def local_ranks(self) -> list[int]:
+        h = self.world.host_of[self.rank]
+        return [r for r in range(self.size) if self.world.host_of[r] == h]
+
+    def local_rank(self) -> int:
+        return self.local_ranks.index(self.rank)
+
+    def local_size(self) -> int:
+        return len(self.local_ranks)
+
+    def cross_rank(self) -> int:
+        lr = self.local_rank()
+        peers = [r for r in range(self.size) if self._local_rank_of(r) == lr]
+        return peers.index(self.rank)
+
+    def cross_size(self) -> int:
+        lr = self.local_rank()
+        return sum(1 for r in range(self.size) if self._local_rank_of(r) == lr)
+
+    def _local_rank_of(self, r: int) -> int:
+        h = self.world.host_of[r]
+        return [q for q in range(self.size) if self.world.host_of[q] == h].index(r)
+
+    # ---- groups and tags ------------------------------------------------------------------
+    def _add_group(self, ranks: tuple[int, ...], host_of: tuple[int, ...]) -> Group:
+        g = Group(len(self.groups), ranks, host_of)
+        self.groups.append(g)
+        return g
+
+    def new_group(self, ranks) -> Group:
+        """Create a sub-group. Like ``torch.distributed.new_group``, every rank calls it in the same order."""
+        ranks = tuple(sorted(set(int(r) for r in ranks)))
+        if not ranks:
+            raise ValueError("A group needs at least one rank.")
+        for r in ranks:
+            if not 0 <= r < self.size:
+                raise ValueError(f"Rank {r} is outside the world of size {self.size}.")
+        g = self._add_group(ranks, tuple(self.world.host_of[r] for r in ranks))
+        hook = getattr(self.transport, "on_new_group", None)
+        if hook is not None:
+            hook(g.id, ranks)
+        return g
+
+    def tag_base(self, group_id: int, seq: int) -> int:
+        return (((group_id % (1 << _GROUP_BITS)) << _SEQ_BITS | (seq % (1 << _SEQ_BITS))) << _STEP_BITS)
+
+    def next_tag(self, group: Group) -> int:
+        """Tag base of the next op on ``group``; called in execution order, identical on all members."""
+        seq = self._seq[group.id]
+        self._seq[group.id] = seq + 1
+        return self.tag_base(group.id, seq)
+
+    # ---- execution ------------------------------------------------------------------------
+    def submit(self, fn: Callable[[], Any], *, sync: bool) -> Work:
+        """Run ``fn`` after every earlier submission. Synchronous calls with nothing queued run inline."""
+        work = Work()
+        with self._state_lock:
+            if self._closed:
+                raise RuntimeError("ringlet has been shut down")
+            inline = sync and self._queued == 0
+            if not inline:
+                self._queued += 1
+                self._queue.append((fn, work))
+                self._ensure_worker()
+                self._wake.notify()
+        if inline:
+            with self._exec_lock:
+                try:
+                    work._finish(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through wait()
+                    work._finish(error=exc)
+        return work
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._run, name="ringlet-comm", daemon=True)
+            self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._state_lock:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                fn, work = self._queue.popleft()
+            with self._exec_lock:
+                try:
+                    work._finish(fn())
+                except BaseException as exc:  # noqa: BLE001
+                    work._finish(error=exc)
+            with self._state_lock:
+                self._queued -= 1
+
+    def close(self) -> None:
+        with self._state_lock:
+            self._closed = True
+            self._wake.notify_all()
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=5.0)
+        self.transport.close()

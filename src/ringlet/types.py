@@ -1,0 +1,111 @@
+"""Shared vocabulary: reduction ops, supported dtypes, errors and frozen options."""
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators. Values follow Horovod's numbering so they can be exchanged as ints."""
+
+    AVG = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+    @classmethod
+    def parse(cls, op: "ReduceOp | str | int") -> "ReduceOp":
+        if isinstance(op, ReduceOp):
+            return op
+        if isinstance(op, str):
+            key = op.strip().upper()
+            aliases = {"AVERAGE": "AVG", "MEAN": "AVG", "PROD": "PRODUCT"}
+            key = aliases.get(key, key)
+            if key in cls.__members__:
+                return cls[key]
+            raise ValueError(f"Unknown reduction op {op!r}; use one of sum, avg, min, max, product.")
+        if isinstance(op, int):
+            return cls(op)
+        raise ValueError(f"Unknown reduction op {op!r}")
+
+
+# Exchanged in metadata as small ints; the order is part of the wire format.
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+)
+DTYPE_CODE = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+class RingletError(RuntimeError):
+    """A collective failed: cross-rank mismatch, dead peer, transport failure.
+
+    Subclasses ``RuntimeError`` so that Horovod scripts catching ``HorovodInternalError`` semantics
+    (a ``RuntimeError``) keep working.
+    """
+
+
+class MismatchError(RingletError):
+    """Ranks submitted collectives whose metadata (shape, dtype, op, root, ...) disagree."""
+
+
+class PeerError(RingletError):
+    """A peer died, closed its connection or the transport failed."""
+
+
+class CollectiveTimeout(RingletError, TimeoutError):
+    """A collective did not complete within its timeout."""
+
+
+def _env_float(name: str, default: float) -> float:
+    val = os.environ.get(name)
+    return float(val) if val not in (None, "") else default
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    val = os.environ.get(name)
+    if val in (None, ""):
+        return default
+    return val.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Process-wide knobs. Read once from the environment at ``init``; never mutated afterwards.
+
+    ``check``: exchange a small metadata record before each collective so that mismatched
+    shapes/dtypes/ops raise on every rank instead of hanging (``RINGLET_CHECK=0`` switches it off).
+    ``timeout``: seconds a single collective may wait on a peer (``RINGLET_TIMEOUT``).
+    ``segment_bytes``: pipeline granularity of the executor (``RINGLET_SEGMENT_BYTES``).
+    ``algorithm``: forced algorithm name or ``"auto"`` (``RINGLET_ALGORITHM``).
+    """
+
+    check: bool = True
+    timeout: float = 300.0
+    segment_bytes: int = 1 << 20
+    algorithm: str = "auto"
+
+    @classmethod
+    def from_env(cls) -> "Options":
+        return cls(
+            check=_env_bool("RINGLET_CHECK", True),
+            timeout=_env_float("RINGLET_TIMEOUT", 300.0),
+            segment_bytes=int(_env_float("RINGLET_SEGMENT_BYTES", float(1 << 20))),
+            algorithm=os.environ.get("RINGLET_ALGORITHM", "auto") or "auto",
+        )
