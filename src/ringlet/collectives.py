@@ -142,7 +142,7 @@ def exchange(rt: Runtime, g: Group, grank: int, tag: int, values: Sequence[int])
     if g.size > 1:
         sched = direct.allgather(g.size, tuple([k] * g.size)) if g.size <= 16 else ring.allgather(g.size, tuple([k] * g.size))
         executor.execute(sched, grank, rt.transport, (buf,), int(ReduceOp.SUM), peers=g.ranks,
-                         tag=tag + META_STEP, timeout=rt.options.timeout)
+                         tag=tag + META_STEP, timeout=rt.options.timeout, workspace=rt.workspace)
     return buf.view(g.size, k)
 
 
@@ -220,7 +220,7 @@ def _run_allreduce(rt: Runtime, g: Group, grank: int, buf: torch.Tensor, op: Red
         else:
             sched = algorithms.ALLREDUCE[algo_used](g.size, flat.numel(), g.host_of)
             executor.execute(sched, grank, rt.transport, (flat,), int(op), peers=g.ranks, tag=tag,
-                             segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout)
+                             segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     scale_(flat, post / g.size if op == ReduceOp.AVG else post)
     return buf
 
@@ -284,7 +284,7 @@ def _run_rooted(rt, g, grank, buf, kind, root_g, op) -> torch.Tensor:
         else:
             sched = binomial.reduce(g.size, flat.numel(), root_g)
         executor.execute(sched, grank, rt.transport, (flat,), int(op), peers=g.ranks, tag=tag,
-                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout)
+                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     if kind == REDUCE and op == ReduceOp.AVG and grank == root_g:
         scale_(flat, 1.0 / g.size)
     return buf
@@ -358,7 +358,7 @@ def _run_allgather(rt, g, grank, tensor) -> torch.Tensor:
     if g.size > 1 and sum(counts) > 0:
         sched = ring.allgather(g.size, counts)
         executor.execute(sched, grank, rt.transport, (flat,), 0, peers=g.ranks, tag=tag,
-                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout)
+                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     return out
 
 
@@ -397,7 +397,7 @@ def _run_reduce_scatter(rt, g, grank, buf, op, pre, post) -> torch.Tensor:
     if g.size > 1 and flat.numel() > 0:
         sched = ring.reduce_scatter(g.size, counts)
         executor.execute(sched, grank, rt.transport, (flat,), int(op), peers=g.ranks, tag=tag,
-                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout)
+                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     start = sum(rows[:grank])
     out = buf[start:start + rows[grank]].clone()
     scale_(out.view(-1), post / g.size if op == ReduceOp.AVG else post)
@@ -451,7 +451,7 @@ def _run_alltoall(rt, g, grank, tensor, splits) -> tuple[torch.Tensor, list[int]
         counts = tuple(tuple(c * row for c in r) for r in all_splits)
         sched = alltoall_alg.pairwise(p, counts)
         executor.execute(sched, grank, rt.transport, (dst_flat, src_flat), 0, peers=g.ranks, tag=tag,
-                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout)
+                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     return out, recv_splits
 
 
@@ -491,7 +491,7 @@ def _run_barrier(rt, g, grank) -> None:
             _checked(rt, g, grank, tag, _meta_record(BARRIER, None))
         flag = torch.zeros(1, dtype=torch.uint8)
         executor.execute(barrier_alg.dissemination(g.size), grank, rt.transport, (flag,), 0, peers=g.ranks,
-                         tag=tag, timeout=rt.options.timeout)
+                         tag=tag, timeout=rt.options.timeout, workspace=rt.workspace)
 
 
 def barrier_async(group: Group | None = None) -> Work:

@@ -63,6 +63,7 @@ class Runtime:
         self._worker: threading.Thread | None = None
         self._closed = False
         self.groups: list[Group] = []
+        self.workspace: dict = {}  # executor scratch, reused across collectives of this rank
         hostnames = self._exchange_hostnames()
         order: dict[str, int] = {}
         host_of = tuple(order.setdefault(h, len(order)) for h in hostnames)

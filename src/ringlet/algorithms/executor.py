@@ -43,6 +43,26 @@ def _overlap(a_buf: int, a_off: int, a_cnt: int, b_buf: int, b_off: int, b_cnt: 
     return a_buf == b_buf and a_off < b_off + b_cnt and b_off < a_off + a_cnt
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One unsegmented message of this rank: its segments are msgs[first:first+nseg]."""
+
+    buf: int
+    offset: int
+    count: int
+    first: int
+    nseg: int
+    step: int
+
+    def seg_range(self, buf: int, lo: int, hi: int, segment: int) -> range:
+        """Ids of this run's segments that overlap ``[lo, hi)`` of ``buf``."""
+        if buf != self.buf or lo >= self.offset + self.count or self.offset >= hi:
+            return range(0)
+        a = (max(lo, self.offset) - self.offset) // segment
+        b = (min(hi, self.offset + self.count) - 1 - self.offset) // segment
+        return range(self.first + a, self.first + b + 1)
+
+
 @functools.lru_cache(maxsize=512)
 def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements."""
@@ -73,23 +93,25 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
         return True
 
     msgs: list[Msg] = []
-    send_ids: list[list[int]] = [[] for _ in range(nsteps)]  # per step, in schedule order
-    recv_ids: list[list[int]] = [[] for _ in range(nsteps)]
+    send_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
+    recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
     scratch_need = [0, 0]
     for s in range(nsteps):
         for peer, b, off, cnt in sends[s]:
+            first = len(msgs)
             for o in range(off, off + cnt, segment):
-                send_ids[s].append(len(msgs))
                 msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), True, False, False, 0))
+            send_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
         used = 0
         for i, (peer, b, off, cnt, red) in enumerate(recvs[s]):
             direct = can_direct(s, i)
+            first = len(msgs)
             for o in range(off, off + cnt, segment):
                 n = min(segment, off + cnt - o)
-                recv_ids[s].append(len(msgs))
                 msgs.append(Msg(peer, s, b, o, n, False, red, direct, 0 if direct else used))
                 if not direct:
                     used += n
+            recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
         scratch_need[s % 2] = max(scratch_need[s % 2], used)
     # Scratch alternates between two halves: step s+1 is received while step s is applied.
     half = scratch_need[0]
@@ -97,66 +119,75 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
             Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
             for m in msgs]
 
+    def ids(runs: list[_Run]) -> list[int]:
+        return [i for run in runs for i in range(run.first, run.first + run.nseg)]
+
     actions: list[tuple] = []
-    posted_send: set[int] = set()
-    outstanding: list[int] = []  # posted, not yet waited sends
+    outstanding: set[int] = set()  # posted sends not yet waited for
 
-    def post_ready_sends(step: int, ready: set[int]) -> None:
-        # Sends to one peer within a step go out in schedule order so FIFO matching holds.
-        if step >= nsteps:
-            return
-        blocked_peers: set[int] = set()
-        for mid in send_ids[step]:
-            if mid in posted_send:
-                continue
-            peer = msgs[mid].peer
-            if peer in blocked_peers or mid not in ready:
-                blocked_peers.add(peer)
-                continue
-            actions.append((POST_SEND, mid))
-            posted_send.add(mid)
-            outstanding.append(mid)
+    class _Streams:
+        """Sends of one step, per peer, posted strictly in schedule order (FIFO matching)."""
 
-    def deps_on(step: int, mid: int) -> list[int]:
-        m = msgs[mid]
-        return [rid for rid in recv_ids[step]
-                if _overlap(m.buf, m.offset, m.count, msgs[rid].buf, msgs[rid].offset, msgs[rid].count)]
+        def __init__(self, step: int):
+            self.queues: dict[int, list[int]] = {}
+            for mid in ids(send_runs[step]):
+                self.queues.setdefault(msgs[mid].peer, []).append(mid)
+            self.cursor = {peer: 0 for peer in self.queues}
+            self.ready: set[int] = set()
 
-    for mid in (recv_ids[0] if nsteps else []):
-        actions.append((POST_RECV, mid))
+        def mark(self, mid: int) -> None:
+            self.ready.add(mid)
+            self.advance(msgs[mid].peer)
+
+        def advance(self, peer: int, force: bool = False) -> None:
+            q, i = self.queues[peer], self.cursor[peer]
+            while i < len(q) and (force or q[i] in self.ready):
+                actions.append((POST_SEND, q[i]))
+                outstanding.add(q[i])
+                i += 1
+            self.cursor[peer] = i
+
+        def flush(self) -> None:
+            for peer in self.queues:
+                self.advance(peer, force=True)
+
     if nsteps:
-        post_ready_sends(0, set(send_ids[0]))
+        actions.extend((POST_RECV, mid) for mid in ids(recv_runs[0]))
+        _Streams(0).flush()
     for s in range(nsteps):
-        if s + 1 < nsteps:
-            for mid in recv_ids[s + 1]:
-                actions.append((POST_RECV, mid))
-            waiting = {mid: set(deps_on(s, mid)) for mid in send_ids[s + 1]}
-            ready = {mid for mid, d in waiting.items() if not d}
-            post_ready_sends(s + 1, ready)
-        else:
-            waiting, ready = {}, set()
-        for rid in recv_ids[s]:
-            r = msgs[rid]
-            hazards = [sid for sid in outstanding
-                       if _overlap(r.buf, r.offset, r.count, msgs[sid].buf, msgs[sid].offset, msgs[sid].count)]
-            if hazards and not r.direct:
-                outstanding[:] = [sid for sid in outstanding if sid not in hazards]
-            else:
-                hazards = []
-            actions.append((APPLY, rid, tuple(hazards)))
-            if waiting:
-                newly = False
-                for mid, d in waiting.items():
-                    if rid in d:
-                        d.discard(rid)
-                        if not d:
-                            ready.add(mid)
-                            newly = True
-                if newly:
-                    post_ready_sends(s + 1, ready)
-        if s + 1 < nsteps:
-            post_ready_sends(s + 1, set(send_ids[s + 1]))
-    return Plan(tuple(msgs), tuple(actions), tuple(outstanding), 2 * max(scratch_need) if nsteps else 0)
+        # unlocks[rid]: sends of step s+1 whose last input segment is the received segment rid.
+        unlocks: dict[int, list[int]] = {}
+        nxt = _Streams(s + 1) if s + 1 < nsteps else None
+        if nxt is not None:
+            actions.extend((POST_RECV, mid) for mid in ids(recv_runs[s + 1]))
+            for mid in ids(send_runs[s + 1]):
+                m = msgs[mid]
+                last = -1
+                for run in recv_runs[s]:
+                    r = run.seg_range(m.buf, m.offset, m.offset + m.count, segment)
+                    if r:
+                        last = max(last, r[-1])
+                if last < 0:
+                    nxt.mark(mid)
+                else:
+                    unlocks.setdefault(last, []).append(mid)
+        for run in recv_runs[s]:
+            writers_hazard = [sr for s2 in range(s + 1) for sr in send_runs[s2]
+                              if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
+            for rid in range(run.first, run.first + run.nseg):
+                r = msgs[rid]
+                hazards: list[int] = []
+                if writers_hazard and not r.direct:
+                    for sr in writers_hazard:
+                        hazards.extend(i for i in sr.seg_range(r.buf, r.offset, r.offset + r.count, segment)
+                                       if i in outstanding)
+                    outstanding.difference_update(hazards)
+                actions.append((APPLY, rid, tuple(hazards)))
+                for mid in unlocks.get(rid, ()):
+                    nxt.mark(mid)
+        if nxt is not None:
+            nxt.flush()
+    return Plan(tuple(msgs), tuple(actions), tuple(sorted(outstanding)), 2 * max(scratch_need) if nsteps else 0)
 
 
 def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: int) -> None:
@@ -171,20 +202,32 @@ def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: int) -> None:
         dst.add_(src)
 
 
+def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:
+    if workspace is None:
+        return torch.empty(elems, dtype=like.dtype, device=like.device)
+    key = (like.dtype, like.device)
+    buf = workspace.get(key)
+    if buf is None or buf.numel() < elems:
+        buf = torch.empty(elems, dtype=like.dtype, device=like.device)
+        workspace[key] = buf
+    return buf[:elems]
+
+
 def execute(schedule: Schedule, rank: int, transport, buffers: tuple[torch.Tensor, ...], op: int,
             *, peers: tuple[int, ...] | None = None, tag: int = 0, segment_bytes: int = 1 << 20,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None, workspace: dict | None = None) -> None:
     """Run ``rank``'s part of ``schedule`` over ``transport`` on flat contiguous ``buffers``.
 
     ``peers`` maps schedule ranks to transport ranks (sub-groups); messages of step ``s`` carry
-    tag ``tag + s``.
+    tag ``tag + s``. ``workspace`` (one dict per rank, owned by the caller) keeps scratch memory
+    between calls: a fresh large allocation costs page faults on every call.
     """
     if not schedule.steps:
         return
     itemsize = buffers[0].element_size()
     plan = compile_plan(schedule, rank, max(1, segment_bytes // itemsize))
     msgs = plan.msgs
-    scratch = torch.empty(plan.scratch_elems, dtype=buffers[0].dtype, device=buffers[0].device)
+    scratch = _scratch(workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)
     isend, irecv = transport.isend, transport.irecv
     for act in plan.actions:

@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`. Both create the environment first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On these machines torch==2.13.0 resolves to the CPU wheel on local disk; elsewhere point this at a
+# CPU build (e.g. TORCH_SPEC="torch --index-url <your CPU wheel index>") to avoid a multi-GB CUDA wheel.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[mpi,test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/ringlet run -np 4 -- $(PY) examples/demo_allreduce.py
+
+test: setup
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_bench.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

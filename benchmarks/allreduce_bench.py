@@ -1,0 +1,115 @@
+"""Every ringlet all-reduce algorithm against the backend's own (native Gloo) on one host.
+
+Launch with the torch transport; ``--shm`` also times ringlet over the shared-memory transport in the
+same run, on the same data, so the ratios are side by side::
+
+    ringlet run -np 4 --transport torch -- python benchmarks/allreduce_bench.py --shm \
+        --out benchmarks/results/allreduce_1host_4p.md
+
+Each number is the median of several iterations of the slowest rank (nccl-tests' convention); a
+correctness check of every candidate runs after the timed iterations.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import ringlet
+from ringlet.algorithms import reference
+from ringlet.benchmarking import busbw, fmt_size, integer_data, iterations_for, parse_size, time_collective
+from ringlet.runtime import Runtime
+
+
+def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
+    out = []
+    s = lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--min", default="4K")
+    ap.add_argument("--max", default="256M")
+    ap.add_argument("--factor", type=int, default=4)
+    ap.add_argument("--algorithms", default="all", help="comma list of ringlet algorithms, or 'all'")
+    ap.add_argument("--shm", action="store_true", help="also time ringlet over the shm transport")
+    ap.add_argument("--out", default="", help="write a markdown report (rank 0)")
+    ap.add_argument("--json", default="", help="write raw results as JSON (rank 0)")
+    args = ap.parse_args()
+
+    ringlet.init()
+    rt = ringlet.collectives.runtime()
+    p, me = ringlet.size(), ringlet.rank()
+    algos = ringlet.algorithms.allreduce_names() if args.algorithms == "all" else args.algorithms.split(",")
+    candidates: list[tuple[str, Runtime, str]] = [(f"{rt.transport.name}:{a}", rt, a) for a in algos]
+    if args.shm:
+        from ringlet.transport.shm import ShmTransport
+
+        shm_rt = Runtime(ShmTransport.from_env())
+        candidates += [(f"shm:{a}", shm_rt, a) for a in algos if a != "native"]
+
+    def agree_max(x: float) -> float:
+        return ringlet.allreduce(torch.tensor([x], dtype=torch.float64), op="max").item()
+
+    rows = []
+    sizes = sizes_between(parse_size(args.min), parse_size(args.max), args.factor)
+    for nbytes in sizes:
+        n = nbytes // 4
+        row = {"bytes": nbytes}
+        expected = reference.allreduce([integer_data(n, r) for r in range(p)])[0]
+        for label, crt, algo in candidates:
+            t = integer_data(n, me)
+            with ringlet.use_runtime(crt):
+                sec = time_collective(lambda: ringlet.allreduce_(t, algorithm=algo), ringlet.barrier,
+                                      iters=iterations_for(nbytes, 1 << 30, 3, 30))
+                got = ringlet.allreduce(integer_data(n, me), algorithm=algo)
+            sec = agree_max(sec)
+            wrong = int(ringlet.allreduce(torch.tensor([int((got != expected).sum())])).item())
+            row[label] = {"sec": sec, "busbw": busbw("allreduce", p, nbytes, sec), "wrong": wrong}
+        rows.append(row)
+        if me == 0:
+            best = max((k for k in row if k != "bytes" and not k.endswith(":native")), key=lambda k: row[k]["busbw"])
+            nat = row.get(f"{rt.transport.name}:native")
+            ratio = f"{row[best]['busbw'] / nat['busbw']:.2f}x native" if nat else ""
+            print(f"{fmt_size(nbytes):>9}  best {best:<24} {row[best]['busbw'] / 1e9:7.3f} GB/s  {ratio}", flush=True)
+
+    if me == 0:
+        labels = [c[0] for c in candidates]
+        lines = [f"# All-reduce on one host, {p} processes, float32",
+                 "",
+                 f"Command: `ringlet run -np {p} --transport {rt.transport.name} -- python {' '.join(sys.argv)}`",
+                 f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host: {os.uname().nodename}, "
+                 f"{os.cpu_count()} cores; torch {torch.__version__}.",
+                 "Each cell: median time of the slowest rank (µs) / busbw (GB/s). busbw = 2(p−1)/p · bytes / time.",
+                 "#wrong is the number of wrong elements in a check after the timed runs (integer data).",
+                 "",
+                 "| size | " + " | ".join(labels) + " | best ringlet / native | #wrong |",
+                 "|---|" + "---|" * (len(labels) + 2)]
+        for row in rows:
+            cells = [f"{row[l]['sec'] * 1e6:.0f} / {row[l]['busbw'] / 1e9:.3f}" for l in labels]
+            nat = row.get(f"{rt.transport.name}:native")
+            best = max((row[l]["busbw"] for l in labels if not l.endswith(":native")), default=0.0)
+            ratio = f"{best / nat['busbw']:.2f}" if nat else "-"
+            wrong = sum(row[l]["wrong"] for l in labels)
+            lines.append(f"| {fmt_size(row['bytes'])} | " + " | ".join(cells) + f" | {ratio} | {wrong} |")
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"p": p, "rows": rows}, f, indent=1)
+    ringlet.shutdown()
+
+
+if __name__ == "__main__":
+    main()

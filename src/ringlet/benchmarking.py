@@ -1,0 +1,71 @@
+"""Measurement helpers shared by the demo, the benchmark scripts and (later) ``ringlet bench``.
+
+Metrics follow nccl-tests: ``algbw = bytes / time``; ``busbw = algbw × factor`` where the factor
+makes busbw comparable to the link rate (2(p−1)/p for all-reduce).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+BUSBW_FACTOR = {
+    "allreduce": lambda p: 2.0 * (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+def busbw(kind: str, p: int, nbytes: int, seconds: float) -> float:
+    """Bus bandwidth in bytes/s of one ``kind`` collective of ``nbytes`` on ``p`` ranks taking ``seconds``."""
+    return BUSBW_FACTOR[kind](p) * nbytes / seconds if seconds > 0 else float("inf")
+
+
+def time_collective(run: Callable[[], object], sync: Callable[[], None], *, iters: int, warmup: int = 2,
+                    agree_max: Callable[[float], float] | None = None) -> float:
+    """Median over ``iters`` of the time of ``run()``, each iteration started after ``sync()``.
+
+    ``agree_max`` (e.g. a max all-reduce) makes every rank report the slowest rank's time, as
+    nccl-tests does.
+    """
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return agree_max(med) if agree_max is not None else med
+
+
+def iterations_for(nbytes: int, budget_bytes: int = 1 << 30, lo: int = 3, hi: int = 50) -> int:
+    """Fewer iterations for big messages so a sweep stays short."""
+    return max(lo, min(hi, budget_bytes // max(1, nbytes)))
+
+
+def integer_data(n: int, rank: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """Integer-valued data in [-4, 4] so float sums are exact in any order (nccl-tests' trick)."""
+    g = torch.Generator().manual_seed(seed * 1000003 + rank)
+    return torch.randint(-4, 5, (n,), generator=g).to(dtype)
+
+
+def fmt_size(nbytes: int) -> str:
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << k and nbytes % (1 << k) == 0:
+            return f"{nbytes >> k} {unit}"
+    return f"{nbytes} B"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in mult:
+        return int(float(text[:-1]) * mult[text[-1]])
+    return int(text)
