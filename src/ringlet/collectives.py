@@ -166,7 +166,7 @@ def _verify(metas: torch.Tensor, g: Group, *, ragged_dim0: bool = False) -> None
                                 f"(rank {a} vs rank {b}, {kind}).")
         sa, sb = _shape_of(first), _shape_of(row)
         if ragged_dim0:
-            same = row[5] == first[5] and sa[1:] == sb[1:] and row[5] >= 1
+            same = row[5] == first[5] and sa[1:] == sb[1:]
         else:
             same = row[5] == first[5] and sa == sb and row[6] == first[6]
         if not same:
@@ -277,7 +277,8 @@ def _run_rooted(rt, g, grank, buf, kind, root_g, op) -> torch.Tensor:
     tag = rt.next_tag(g)
     if rt.options.check and g.size > 1:
         _checked(rt, g, grank, tag, _meta_record(kind, buf, op, g.ranks[root_g]))
-    flat = buf.view(-1)
+    # Interior tree ranks accumulate partial sums: off the root, work on a copy and return the input.
+    flat = buf.view(-1) if kind == BROADCAST or grank == root_g else buf.reshape(-1).clone()
     if g.size > 1 and flat.numel() > 0:
         if kind == BROADCAST:
             sched = binomial.broadcast(g.size, flat.numel(), root_g)

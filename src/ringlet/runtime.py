@@ -18,7 +18,7 @@ from .types import Options
 
 # Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group 5 bits | op sequence 8 bits | step 16 bits.
 _GROUP_BITS, _SEQ_BITS, _STEP_BITS = 5, 8, 16
-META_STEP = (1 << _STEP_BITS) - 64  # steps reserved for the metadata exchange of an op
+META_STEP = 1 << (_STEP_BITS - 1)  # upper half of the step tags: the metadata exchange of an op
 
 
 class Work:
@@ -69,6 +69,7 @@ class Runtime:
         host_of = tuple(order.setdefault(h, len(order)) for h in hostnames)
         self.hostnames = hostnames
         self.world = self._add_group(tuple(range(self.size)), host_of)
+        self._seq[self.world.id] = 1  # sequence 0 carried the hostname exchange
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:

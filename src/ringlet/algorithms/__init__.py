@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import alltoall, barrier, binomial, direct, ring
+from . import alltoall, barrier, binomial, direct, halving_doubling, hierarchical, ring, torus, tree
 from .schedule import Schedule, ScheduleBuilder, Transfer, even_split
 
 AllreduceBuilder = Callable[[int, int, tuple[int, ...]], Schedule]
 
 ALLREDUCE: dict[str, AllreduceBuilder] = {
     "ring": lambda p, n, host_of: ring.allreduce(p, n),
+    "tree": lambda p, n, host_of: tree.allreduce(p, n),
+    "halving_doubling": lambda p, n, host_of: halving_doubling.allreduce(p, n),
+    "torus": lambda p, n, host_of: torus.allreduce(p, n, tuple(host_of)),
+    "hierarchical": lambda p, n, host_of: hierarchical.allreduce(p, n, tuple(host_of)),
 }
 
 # "native" is the backend's own all-reduce; it has no schedule and is dispatched by the collective.
@@ -35,4 +39,5 @@ def allreduce_names() -> list[str]:
 
 
 __all__ = ["ALLREDUCE", "ALIASES", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
-           "allreduce_names", "alltoall", "barrier", "binomial", "direct", "ring"]
+           "allreduce_names", "alltoall", "barrier", "binomial", "direct", "halving_doubling", "hierarchical",
+           "ring", "torus", "tree"]

@@ -47,7 +47,8 @@ def broadcast(tensors, root):
 
 
 def allgather(tensors):
-    out = torch.cat(tensors, dim=0)
+    """Concatenation along dim 0; a 0-d tensor counts as one row (as the collective documents)."""
+    out = torch.cat([t.reshape(1) if t.dim() == 0 else t for t in tensors], dim=0)
     return [out.clone() for _ in tensors]
 
 
