@@ -131,7 +131,8 @@ class Runtime:
         g = self._add_group(ranks, tuple(self.world.host_of[r] for r in ranks))
         hook = getattr(self.transport, "on_new_group", None)
         if hook is not None:
-            hook(g.id, ranks)
+            # Queued like a collective: the backend's group creation must not overlap the comm thread.
+            self.submit(lambda: hook(g.id, ranks), sync=True).wait()
         return g
 
     def tag_base(self, group_id: int, seq: int) -> int:

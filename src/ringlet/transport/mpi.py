@@ -1,0 +1,213 @@
+"""MPI as a transport, through mpi4py: zero-copy ``Isend``/``Irecv`` on the tensors' own memory.
+
+Launch with ``ringlet run --transport mpi`` (which runs ``mpiexec``) or ``mpiexec`` directly.
+ringlet works on a duplicate of ``COMM_WORLD``, so its tags never meet the application's messages.
+
+Every buffer is handed to MPI as raw bytes (a uint8 view), so float16/bfloat16 move like any other
+dtype; only ``native_allreduce`` needs a real MPI datatype and declines the ones MPI lacks.
+mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE``; ringlet calls MPI from the caller thread and from
+its communication thread, never from both at once.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import torch
+
+from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
+from .base import Handle, Transport
+
+# Polling a request: spin briefly (latency), then yield, then sleep with a growing pause so that
+# waiting ranks leave the cores to the ranks doing work (CPU oversubscription is common on CI).
+_SPIN_TESTS = 64
+_YIELD_SECONDS = 2e-3
+_MAX_SLEEP = 5e-4
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _as_bytes(buf: torch.Tensor):
+    """A numpy uint8 array sharing ``buf``'s memory (CPU, contiguous)."""
+    if buf.is_cuda:
+        raise ValueError("The MPI transport moves CPU tensors only; copy CUDA tensors to the CPU first.")
+    if not buf.is_contiguous():
+        raise ValueError("The MPI transport needs contiguous buffers.")
+    flat = buf.reshape(-1)
+    if flat.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8).numpy()
+    return flat.view(torch.uint8).numpy()
+
+
+def _wait_request(req, timeout: float | None, describe) -> None:
+    """Poll ``req.Test()`` until it completes or ``timeout`` seconds pass (then CollectiveTimeout)."""
+    MPI = _mpi()
+    try:
+        for _ in range(_SPIN_TESTS):
+            if req.Test():
+                return
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        pause = 1e-6
+        while not req.Test():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise CollectiveTimeout(f"{describe()} timed out after {timeout:.1f}s")
+            if now - start < _YIELD_SECONDS:
+                os.sched_yield()
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_SLEEP)
+    except MPI.Exception as exc:
+        raise PeerError(f"{describe()} failed: {exc.Get_error_string()}") from exc
+
+
+class MPIHandle(Handle):
+    __slots__ = ("req", "rank", "peer", "tag", "what", "keep", "finished")
+
+    def __init__(self, req, rank: int, peer: int | None, tag: int | None, what: str, keep):
+        self.req = req
+        self.rank = rank
+        self.peer = peer
+        self.tag = tag
+        self.what = what
+        self.keep = keep  # the numpy view: MPI owns this memory until the request completes
+        self.finished = False
+
+    def _describe(self) -> str:
+        s = f"rank {self.rank}: {self.what}"
+        if self.peer is not None:
+            s += f" with peer rank {self.peer}"
+        if self.tag is not None:
+            s += f" (tag {self.tag})"
+        return s
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self.finished:
+            return
+        _wait_request(self.req, timeout, self._describe)
+        self.finished = True
+        self.keep = None
+
+    def done(self) -> bool:
+        if not self.finished and self.req.Test():
+            self.finished = True
+            self.keep = None
+        return self.finished
+
+
+_MPI_DTYPES = {
+    torch.float32: "FLOAT",
+    torch.float64: "DOUBLE",
+    torch.int8: "INT8_T",
+    torch.uint8: "UINT8_T",
+    torch.int16: "INT16_T",
+    torch.int32: "INT32_T",
+    torch.int64: "INT64_T",
+}
+
+
+class MPITransport(Transport):
+    """Point-to-point over a private duplicate of ``MPI.COMM_WORLD``."""
+
+    name = "mpi"
+
+    def __init__(self, comm=None, *, timeout: float | None = None):
+        MPI = _mpi()
+        base = MPI.COMM_WORLD if comm is None else comm
+        self.comm = base.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._timeout = Options.from_env().timeout if timeout is None else timeout
+        self._comms: dict[tuple[int, ...], object] = {tuple(range(self.size)): self.comm}
+        self._closed = False
+
+    @classmethod
+    def available(cls) -> bool:
+        return importlib.util.find_spec("mpi4py") is not None
+
+    @classmethod
+    def from_env(cls, options: Options | None = None) -> "MPITransport":
+        if not cls.available():
+            raise RuntimeError("The mpi transport needs mpi4py and an MPI library: pip install 'ringlet[mpi]'.")
+        opts = options or Options.from_env()
+        return cls(timeout=opts.timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PeerError(f"rank {self.rank}: the MPI transport has been closed")
+
+    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check_open()
+        MPI = _mpi()
+        arr = _as_bytes(buf)
+        try:
+            req = self.comm.Isend([arr, MPI.BYTE], dest=peer, tag=tag)
+        except MPI.Exception as exc:
+            raise PeerError(f"rank {self.rank}: send to rank {peer} (tag {tag}) failed: "
+                            f"{exc.Get_error_string()}") from exc
+        return MPIHandle(req, self.rank, peer, tag, "send", arr)
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check_open()
+        MPI = _mpi()
+        arr = _as_bytes(buf)
+        try:
+            req = self.comm.Irecv([arr, MPI.BYTE], source=peer, tag=tag)
+        except MPI.Exception as exc:
+            raise PeerError(f"rank {self.rank}: receive from rank {peer} (tag {tag}) failed: "
+                            f"{exc.Get_error_string()}") from exc
+        return MPIHandle(req, self.rank, peer, tag, "receive", arr)
+
+    def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
+        """``MPI_Iallreduce(IN_PLACE)`` on the communicator of ``ranks``; AVG runs as SUM (the collective
+        layer scales). False for dtypes without an MPI datatype (float16, bfloat16) or CUDA tensors."""
+        self._check_open()
+        MPI = _mpi()
+        op = ReduceOp.parse(op)
+        ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+               ReduceOp.PRODUCT: MPI.PROD}
+        name = _MPI_DTYPES.get(buf.dtype)
+        if buf.is_cuda or name is None or op not in ops:
+            return False
+        comm = self._comms.get(tuple(ranks))
+        if comm is None:
+            raise ValueError(f"No MPI communicator for ranks {list(ranks)}; create it with ringlet.new_group.")
+        arr = buf.reshape(-1).numpy()
+        try:
+            req = comm.Iallreduce(MPI.IN_PLACE, [arr, getattr(MPI, name)], ops[op])
+        except MPI.Exception as exc:
+            raise PeerError(f"rank {self.rank}: native all-reduce failed: {exc.Get_error_string()}") from exc
+        MPIHandle(req, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", arr).wait(self._timeout)
+        return True
+
+    def on_new_group(self, group_id: int, ranks: tuple[int, ...]) -> None:
+        """Split a communicator for ``ranks``; collective over the world, called by every rank in order."""
+        MPI = _mpi()
+        ranks = tuple(ranks)
+        if ranks in self._comms:
+            return
+        member = self.rank in ranks
+        sub = self.comm.Split(0 if member else MPI.UNDEFINED, ranks.index(self.rank) if member else 0)
+        self._comms[ranks] = sub if member else None
+
+    def close(self) -> None:
+        """Free ringlet's communicators. MPI itself is finalised by mpi4py at interpreter exit."""
+        if self._closed:
+            return
+        self._closed = True
+        MPI = _mpi()
+        if MPI.Is_finalized():
+            return
+        for comm in self._comms.values():
+            if comm is not None and comm != MPI.COMM_NULL:
+                try:
+                    comm.Free()
+                except MPI.Exception:
+                    pass
+        self._comms.clear()

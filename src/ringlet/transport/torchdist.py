@@ -1,0 +1,235 @@
+"""torch.distributed as a transport: Gloo point-to-point for CPU tensors, NCCL for CUDA tensors.
+
+Bootstraps from the standard ``env://`` variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``) that torchrun and ``ringlet run`` set, or reuses the default process group when
+the application already initialised ``torch.distributed``.
+
+Gloo facts this file relies on (measured with torch 2.x):
+
+- p2p ``isend``/``irecv`` carry a tag; messages of one (src, dst, tag) are matched in posting order.
+- a wait that times out *closes the pair* with that peer ("Application timeout caused pair closure"):
+  after a :class:`~ringlet.types.CollectiveTimeout` the connection to that peer is unusable, which is
+  the usual contract of a collective timeout (the job is expected to stop).
+- ``all_reduce`` supports every ringlet dtype except int16 (``Invalid scalar type``).
+- in an exchange, posting ``irecv`` before ``isend`` avoids stalls; the executor already does.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+
+import torch
+
+from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
+from .base import Handle, Transport
+
+log = logging.getLogger(__name__)
+
+# Dtypes Gloo's all_reduce accepts; anything else makes ``native_allreduce`` return False.
+_GLOO_ALLREDUCE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                    torch.int8, torch.uint8, torch.int32, torch.int64})
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    # "Application timeout caused pair closure" is what later ops on a pair see after a timeout.
+    return "timed out" in msg or ("timeout" in msg and "pair closure" not in msg)
+
+
+def _translate(exc: BaseException, rank: int, what: str, peer: int | None, tag: int | None,
+               timeout: float | None) -> Exception:
+    """Map a torch.distributed error to ringlet's: a timeout or a dead/closed peer."""
+    where = f"rank {rank}: {what}"
+    if peer is not None:
+        where += f" with peer rank {peer}"
+    if tag is not None:
+        where += f" (tag {tag})"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if _is_timeout(exc):
+        limit = f" after {timeout:.1f}s" if timeout is not None else ""
+        return CollectiveTimeout(f"{where} timed out{limit}: {first}")
+    return PeerError(f"{where} failed (peer died or connection closed): {first}")
+
+
+class TorchHandle(Handle):
+    """A pending ``dist.isend``/``dist.irecv`` (or async all-reduce)."""
+
+    __slots__ = ("work", "rank", "peer", "tag", "what", "buf")
+
+    def __init__(self, work, rank: int, peer: int | None, tag: int | None, what: str, buf: torch.Tensor):
+        self.work = work
+        self.rank = rank
+        self.peer = peer
+        self.tag = tag
+        self.what = what
+        self.buf = buf  # keeps the memory alive while the backend may still touch it
+
+    def wait(self, timeout: float | None = None) -> None:
+        try:
+            if timeout is None:
+                self.work.wait()
+            else:
+                # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
+                self.work.wait(timeout=datetime.timedelta(seconds=max(timeout, 1e-3)))
+        except Exception as exc:  # noqa: BLE001 - translated to ringlet's error types
+            raise _translate(exc, self.rank, self.what, self.peer, self.tag, timeout) from exc
+
+    def done(self) -> bool:
+        return self.work.is_completed()
+
+
+class TorchTransport(Transport):
+    """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
+
+    name = "torch"
+
+    def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None):
+        dist = _dist()
+        self._timeout = Options.from_env().timeout if timeout is None else timeout
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self._owns_group = owns_group
+        self._closed = False
+        # group ranks tuple -> process group (None means the default group); CPU and CUDA flavours.
+        world = self._world = tuple(range(self.size))
+        self._cpu_groups: dict[tuple[int, ...], object] = {world: None}
+        self._cuda_groups: dict[tuple[int, ...], object] = {}
+        self._created: list = []
+        if nccl is None:
+            nccl = torch.cuda.is_available() and dist.is_nccl_available()
+        self._nccl = bool(nccl)
+        # The default group may be "gloo", "nccl" or a per-device mix such as "cpu:gloo,cuda:nccl".
+        backend = str(dist.get_backend()).lower()
+        if self._nccl:
+            if "nccl" in backend:
+                self._cuda_groups[world] = None
+            else:
+                pg = dist.new_group(backend="nccl")
+                self._created.append(pg)
+                self._cuda_groups[world] = pg
+        if not any(b in backend for b in ("gloo", "mpi", "ucc")):
+            # A user-made NCCL-only default group cannot move CPU tensors; add a Gloo group beside it.
+            pg = dist.new_group(backend="gloo")
+            self._created.append(pg)
+            self._cpu_groups[world] = pg
+
+    @classmethod
+    def available(cls) -> bool:
+        try:
+            return _dist().is_available()
+        except Exception:  # noqa: BLE001
+            return False
+
+    @classmethod
+    def from_env(cls, options: Options | None = None) -> "TorchTransport":
+        """Join the job described by torchrun's env (or the already initialised default group)."""
+        dist = _dist()
+        if not dist.is_available():
+            raise RuntimeError("torch.distributed is not available in this torch build.")
+        opts = options or Options.from_env()
+        if dist.is_initialized():
+            return cls(owns_group=False, timeout=opts.timeout)
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError("The torch transport needs the env:// variables set by torchrun or `ringlet run` "
+                               f"(missing: {', '.join(missing)}). Launch with `ringlet run -np N -- ...`.")
+        dist.init_process_group(backend="gloo", init_method="env://",
+                                timeout=datetime.timedelta(seconds=opts.timeout))
+        return cls(owns_group=True, timeout=opts.timeout)
+
+    # ---- point to point ------------------------------------------------------------------
+    def _group_for(self, buf: torch.Tensor, ranks: tuple[int, ...]):
+        table = self._cuda_groups if buf.is_cuda else self._cpu_groups
+        if buf.is_cuda and not self._nccl:
+            raise ValueError("A CUDA tensor reached the torch transport, but no NCCL group exists "
+                             "(CUDA or NCCL unavailable); move the tensor to the CPU.")
+        if ranks not in table:
+            raise ValueError(f"No process group for ranks {list(ranks)}; create it with ringlet.new_group.")
+        return table[ranks]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PeerError(f"rank {self.rank}: the torch transport has been closed")
+
+    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check_open()
+        dist = _dist()
+        group = self._group_for(buf, self._world)
+        try:
+            work = dist.isend(buf, peer, group=group, tag=tag)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, self.rank, "send", peer, tag, None) from exc
+        return TorchHandle(work, self.rank, peer, tag, "send", buf)
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check_open()
+        dist = _dist()
+        group = self._group_for(buf, self._world)
+        try:
+            work = dist.irecv(buf, peer, group=group, tag=tag)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, self.rank, "receive", peer, tag, None) from exc
+        return TorchHandle(work, self.rank, peer, tag, "receive", buf)
+
+    # ---- the backend's own all-reduce ----------------------------------------------------
+    def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
+        """``dist.all_reduce`` over the process group of ``ranks``. AVG runs as SUM: the collective
+        layer scales afterwards. False when the backend cannot reduce this dtype/op."""
+        self._check_open()
+        dist = _dist()
+        op = ReduceOp.parse(op)
+        table = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM,
+                 ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
+                 ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+        if op not in table:
+            return False
+        if not buf.is_cuda and buf.dtype not in _GLOO_ALLREDUCE_DTYPES:
+            return False
+        group = self._group_for(buf, tuple(ranks))
+        try:
+            work = dist.all_reduce(buf, table[op], group=group, async_op=True)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, self.rank, "native all-reduce", None, None, None) from exc
+        TorchHandle(work, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", buf).wait(self._timeout)
+        return True
+
+    def on_new_group(self, group_id: int, ranks: tuple[int, ...]) -> None:
+        """Create the process group(s) for a ringlet sub-group. Every rank calls this in the same
+        order (``dist.new_group`` is collective over the world)."""
+        dist = _dist()
+        ranks = tuple(ranks)
+        if ranks in self._cpu_groups and (not self._nccl or ranks in self._cuda_groups):
+            return
+        if ranks not in self._cpu_groups:
+            pg = dist.new_group(list(ranks), backend="gloo")
+            self._created.append(pg)
+            self._cpu_groups[ranks] = pg
+        if self._nccl and ranks not in self._cuda_groups:
+            pg = dist.new_group(list(ranks), backend="nccl")
+            self._created.append(pg)
+            self._cuda_groups[ranks] = pg
+
+    def close(self) -> None:
+        """Destroy the process groups this transport created (the default one only if it created it)."""
+        if self._closed:
+            return
+        self._closed = True
+        dist = _dist()
+        if not dist.is_initialized():
+            return
+        try:
+            if self._owns_group:
+                dist.destroy_process_group()
+            else:
+                for pg in self._created:
+                    if pg is not None and pg != dist.GroupMember.NON_GROUP_MEMBER:
+                        dist.destroy_process_group(pg)
+        except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask the failure
+            log.debug("ringlet: destroying process groups failed: %s", exc)

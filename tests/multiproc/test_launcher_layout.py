@@ -1,0 +1,77 @@
+"""Fast checks of the launcher's pure parts: host lists, rank layouts, environment derivation, CLI errors."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from ringlet.cli._shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
+from ringlet.cli.main import main
+from ringlet.cli.run import _fit_hosts, is_local_host, root_cause
+
+
+def test_parse_hosts():
+    assert parse_hosts("a:4, b:2,c") == [("a", 4), ("b", 2), ("c", 1)]
+    for bad in ("a:0", "a:x", ":3", ""):
+        with pytest.raises(ValueError):
+            parse_hosts(bad)
+
+
+@pytest.mark.parametrize("hosts", [[("a", 4), ("b", 4)], [("a", 3), ("b", 1), ("c", 2)], [("a", 1)]])
+def test_layout_from_hosts_matches_horovod_definitions(hosts):
+    size = sum(n for _, n in hosts)
+    lays = [layout_from_hosts(r, size, hosts) for r in range(size)]
+    placed = [h for h, n in hosts for _ in range(n)]
+    for r, lay in enumerate(lays):
+        assert lay.hostname == placed[r]
+        same_host = [q for q in range(size) if placed[q] == placed[r]]
+        assert (lay.local_rank, lay.local_size) == (same_host.index(r), len(same_host))
+        same_local = [q for q in range(size) if lays[q].local_rank == lay.local_rank]
+        assert (lay.cross_rank, lay.cross_size) == (same_local.index(r), len(same_local))
+
+
+def test_layout_rejects_wrong_size():
+    with pytest.raises(ValueError):
+        layout_from_hosts(0, 5, [("a", 2), ("b", 2)])
+
+
+def test_derive_layout_torchrun_and_mpi_env():
+    torch_env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+                 "GROUP_WORLD_SIZE": "2"}
+    lay = derive_layout(torch_env)
+    assert (lay.rank, lay.size, lay.local_rank, lay.local_size, lay.cross_rank, lay.cross_size) == (5, 8, 1, 4, 1, 2)
+    mpi_env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_HOSTNAME": "n1"}
+    lay = derive_layout(mpi_env)
+    assert (lay.rank, lay.local_rank, lay.local_size, lay.cross_rank, lay.cross_size, lay.hostname) == (3, 1, 2, 1, 2, "n1")
+    lay = derive_layout({**mpi_env, "RINGLET_RUN_HOSTS": "x:3,y:1"})
+    assert (lay.local_rank, lay.local_size, lay.cross_rank, lay.cross_size, lay.hostname) == (0, 1, 1, 2, "y")
+    env = layout_env(lay, {})
+    assert env["HOROVOD_HOSTNAME"] == env["RINGLET_HOSTNAME"] == "y"
+    assert env["HOROVOD_CROSS_RANK"] == env["RINGLET_CROSS_RANK"] == "1"
+    assert "RINGLET_HOSTNAME" not in layout_env(derive_layout(torch_env), {})
+
+
+def test_fit_hosts_and_local_names():
+    assert _fit_hosts((("a", 4), ("b", 4)), 6) == (("a", 4), ("b", 2))
+    assert _fit_hosts((("a", 4),), None) == (("a", 4),)
+    assert is_local_host("localhost") and is_local_host("127.0.0.2")
+
+
+def test_root_cause_prefers_earliest_real_failure(tmp_path):
+    import json
+
+    recs = [{"rank": 0, "status": 1, "time": 10.5, "host": "h"}, {"rank": 2, "status": 17, "time": 10.2, "host": "h"},
+            {"rank": 1, "status": 143, "time": 10.0, "host": "h"}]  # 143: stopped by the launcher (SIGTERM)
+    for rec in recs:
+        (tmp_path / f"exit-{rec['rank']}.json").write_text(json.dumps(rec))
+    assert root_cause(str(tmp_path))["rank"] == 2
+
+
+def test_cli_errors_are_clear():
+    runner = CliRunner()
+    res = runner.invoke(main, ["run", "--", "true"])
+    assert res.exit_code == 2 and "-np" in res.output
+    res = runner.invoke(main, ["run", "-np", "9", "--hosts", "localhost:2", "--", "true"])
+    assert res.exit_code == 2 and "exceeds" in res.output
+    res = runner.invoke(main, ["run", "-np", "2", "--transport", "carrier-pigeon", "--", "true"])
+    assert res.exit_code == 2
+    assert "run" in runner.invoke(main, ["--help"]).output
