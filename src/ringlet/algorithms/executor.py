@@ -76,8 +76,11 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
         if t.dst == rank:
             recvs[s].append((t.src, t.dst_buf, t.recv_offset, t.count, t.reduce))
 
-    # A copy-receive may land directly in the buffer when nothing else touches that range while
-    # it is in flight: no other receive writes it and no send at this step or before reads it.
+    # A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else touches
+    # that range while it is in flight: no other receive writes it, and no send of the steps that
+    # may be in flight with it (s-1 and s: it is posted one step ahead) reads it. Older sends of
+    # the range are waited for before the receive is posted (long finished in practice: in a ring
+    # all-reduce they belong to the reduce-scatter phase).
     def can_direct(s: int, i: int) -> bool:
         peer, b, off, cnt, red = recvs[s][i]
         if red:
@@ -86,7 +89,7 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
             for j, r in enumerate(recvs[s2]):
                 if (s2, j) != (s, i) and _overlap(b, off, cnt, r[1], r[2], r[3]):
                     return False
-            if s2 <= s:
+            if s - 1 <= s2 <= s:
                 for sd in sends[s2]:
                     if _overlap(b, off, cnt, sd[1], sd[2], sd[3]):
                         return False
@@ -151,15 +154,29 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
             for peer in self.queues:
                 self.advance(peer, force=True)
 
+    def post_recvs(step: int) -> None:
+        for run in recv_runs[step]:
+            older = [sr for s2 in range(step - 1) for sr in send_runs[s2]
+                     if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
+            for rid in range(run.first, run.first + run.nseg):
+                r = msgs[rid]
+                hazards: list[int] = []
+                if r.direct:
+                    for sr in older:
+                        hazards.extend(i for i in sr.seg_range(r.buf, r.offset, r.offset + r.count, segment)
+                                       if i in outstanding)
+                    outstanding.difference_update(hazards)
+                actions.append((POST_RECV, rid, tuple(hazards)))
+
     if nsteps:
-        actions.extend((POST_RECV, mid) for mid in ids(recv_runs[0]))
+        post_recvs(0)
         _Streams(0).flush()
     for s in range(nsteps):
         # unlocks[rid]: sends of step s+1 whose last input segment is the received segment rid.
         unlocks: dict[int, list[int]] = {}
         nxt = _Streams(s + 1) if s + 1 < nsteps else None
         if nxt is not None:
-            actions.extend((POST_RECV, mid) for mid in ids(recv_runs[s + 1]))
+            post_recvs(s + 1)
             for mid in ids(send_runs[s + 1]):
                 m = msgs[mid]
                 last = -1
@@ -235,6 +252,9 @@ def execute(schedule: Schedule, rank: int, transport, buffers: tuple[torch.Tenso
         m = msgs[mid]
         peer = m.peer if peers is None else peers[m.peer]
         if kind == POST_RECV:
+            for sid in act[2]:
+                handles[sid].wait(timeout)
+                handles[sid] = None
             view = (buffers[m.buf][m.offset:m.offset + m.count] if m.direct
                     else scratch[m.scratch:m.scratch + m.count])
             handles[mid] = irecv(view, peer, tag + m.step)

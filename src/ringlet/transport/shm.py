@@ -1,0 +1,739 @@
+"""Shared-memory transport: point-to-point between the ranks of one host, no sockets, no copies through
+the kernel for small messages and a single copy for large ones.
+
+Every directed pair ``s -> r`` has a ring buffer in shared memory (in ``r``'s segment, see
+:mod:`._shm_ring` for the layout and the memory-ordering argument). A message is a 64-byte frame
+header followed by its payload:
+
+* *eager* frames stream the payload through the ring: the sender copies in, the receiver copies out
+  straight into the posted buffer (or into a private buffer if no receive matches yet, so a ring
+  never blocks on matching order). Messages larger than the ring are streamed in chunks.
+* *CMA* frames (messages of at least ``cma_min_bytes`` when the kernel allows
+  ``process_vm_readv`` between the ranks) carry only the address of the sender's buffer; the
+  receiver copies it straight into its buffer with one ``process_vm_readv`` and acknowledges through
+  a completion slot. One copy instead of two, and nothing is buffered for unmatched messages.
+
+Progress is made by whoever calls ``wait()``/``done()`` on *any* handle (and eagerly inside
+``isend``/``irecv``): each pass drains every inbound ring and pushes every pending send, so two ranks
+sending large messages to each other while waiting on their receives cannot deadlock. A waiter with
+nothing to do sleeps on its doorbell (a process-shared semaphore) rather than spinning, so
+oversubscribed hosts (more ranks than cores) do not lose CPU to idle ranks. Sleeps are capped at
+``_CHECK_EVERY`` seconds to notice peers that died (pidfds), raising :class:`PeerError`.
+
+Start-up (:meth:`ShmTransport.from_env`, see :mod:`._shm_boot`) exchanges segment names through a
+``TCPStore``: torchrun's agent store when workers are told to use it, otherwise a store on
+``MASTER_PORT + 1`` hosted by rank 0. Segments are unlinked as soon as every rank has mapped them,
+so nothing is left in ``/dev/shm`` even if a process is killed later.
+
+Only x86 (TSO) is supported; the memory-ordering argument is in :mod:`._shm_ring`.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..types import CollectiveTimeout, PeerError, RingletError
+from . import _shm_boot as B
+from . import _shm_ring as R
+from .base import COMPLETED, Handle, Transport
+
+_CHECK_EVERY = 0.1  # seconds between liveness checks while blocked; also the longest doorbell sleep
+_instances = 0  # transports created by this process: part of the bootstrap key prefix
+
+
+def _env_int(name: str, default: int) -> int:
+    val = os.environ.get(name)
+    return int(float(val)) if val not in (None, "") else default
+
+
+@dataclass(frozen=True, slots=True)
+class ShmOptions:
+    """Tuning knobs, read from the environment by :meth:`from_env`.
+
+    ``ring_bytes``: capacity of each directed ring (``RINGLET_SHM_RING_BYTES``; 0 = automatic: 4 MiB,
+    shrinking for large worlds so all rings together stay near 256 MiB, never below 64 KiB).
+    ``cma``: use ``process_vm_readv`` for large messages when the kernel allows it (``RINGLET_SHM_CMA``).
+    ``cma_min_bytes``: messages at least this large go through CMA (``RINGLET_SHM_CMA_MIN_BYTES``).
+    ``spin_us``: how long a waiter polls before sleeping (``RINGLET_SHM_SPIN_US``; -1 = automatic: 50
+    when the host has a core per rank, else 0, since a spinning rank steals the core a peer needs).
+    """
+
+    ring_bytes: int = 0
+    cma: bool = True
+    cma_min_bytes: int = 64 << 10
+    spin_us: int = -1
+
+    @classmethod
+    def from_env(cls) -> "ShmOptions":
+        cma = os.environ.get("RINGLET_SHM_CMA", "1").strip().lower() not in ("0", "false", "no", "off")
+        return cls(ring_bytes=_env_int("RINGLET_SHM_RING_BYTES", 0), cma=cma,
+                   cma_min_bytes=_env_int("RINGLET_SHM_CMA_MIN_BYTES", 64 << 10),
+                   spin_us=_env_int("RINGLET_SHM_SPIN_US", -1))
+
+    def capacity(self, size: int) -> int:
+        if self.ring_bytes > 0:
+            cap = self.ring_bytes
+        else:
+            pairs = max(1, size * (size - 1))
+            cap = min(4 << 20, max(64 << 10, 1 << ((256 << 20) // pairs).bit_length() - 1))
+        return max(R.PAGE, (cap + R.PAGE - 1) // R.PAGE * R.PAGE)
+
+    def spin_seconds(self, size: int) -> float:
+        if self.spin_us >= 0:
+            return self.spin_us * 1e-6
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return 50e-6 if size <= cores else 0.0
+
+
+# ---- handles and frames -----------------------------------------------------------------------
+class _Op(Handle):
+    """A pending send or receive. ``finished``/``error`` are only changed under the transport lock."""
+
+    __slots__ = ("tr", "peer", "tag", "buf", "addr", "nbytes", "finished", "error")
+
+    def __init__(self, tr: "ShmTransport", buf: torch.Tensor, peer: int, tag: int):
+        self.tr = tr
+        self.peer = peer
+        self.tag = tag
+        self.buf = buf  # keeps the memory alive while the operation is in flight
+        self.addr = buf.data_ptr()
+        self.nbytes = buf.nbytes
+        self.finished = False
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.tr._poll(self)
+
+    def wait(self, timeout: float | None = None) -> None:
+        self.tr._wait(self, timeout)
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.buf = None
+
+
+class _Send(_Op):
+    __slots__ = ("kind", "sent", "ticket")
+
+    def __init__(self, tr, buf, peer, tag):
+        super().__init__(tr, buf, peer, tag)
+        self.kind = R.EAGER
+        self.sent = -1  # ring bytes of the payload written; -1 until the frame header is written
+        self.ticket = 0
+
+    def describe(self) -> str:
+        return f"sending {self.nbytes} bytes to rank {self.peer} (tag {self.tag})"
+
+
+class _Recv(_Op):
+    __slots__ = ()
+
+    def describe(self) -> str:
+        return f"receiving {self.nbytes} bytes from rank {self.peer} (tag {self.tag})"
+
+
+class _Frame:
+    """An incoming message, from its header onwards. Unmatched frames wait in ``_unexpected``."""
+
+    __slots__ = ("peer", "tag", "nbytes", "kind", "raddr", "ticket", "got", "dest", "keep", "handle",
+                 "complete")
+
+    def __init__(self, peer: int, tag: int, nbytes: int, kind: int, raddr: int, ticket: int):
+        self.peer, self.tag, self.nbytes, self.kind = peer, tag, nbytes, kind
+        self.raddr, self.ticket = raddr, ticket
+        self.got = 0  # ring bytes of the payload consumed (padded)
+        self.dest: int | None = None  # where the payload goes; None discards it
+        self.keep: torch.Tensor | None = None  # private buffer of an unmatched eager frame
+        self.handle: _Recv | None = None
+        self.complete = False
+
+
+class _Out:
+    """Sender side of ring ``self -> peer`` (it lives in the peer's segment)."""
+
+    __slots__ = ("peer", "seg", "cap", "data", "data_off", "head_i", "tail_i", "slot_i", "head", "queue",
+                 "cma_ok", "next_ticket", "cma_pending")
+
+    def __init__(self, me: int, peer: int, seg: R.Segment, size: int):
+        cap = seg.words[R.H_CAP // 8]
+        ctrl = R.ring_offset(peer, me, size, cap)
+        self.peer, self.seg, self.cap = peer, seg, cap
+        self.data_off = ctrl + R.CTRL_BYTES
+        self.data = seg.addr + self.data_off
+        self.head_i, self.tail_i, self.slot_i = (ctrl + R.C_HEAD) // 8, (ctrl + R.C_TAIL) // 8, (ctrl + R.C_SLOTS) // 8
+        self.head = seg.words[self.head_i]
+        self.queue: collections.deque[_Send] = collections.deque()
+        self.cma_ok = False
+        self.next_ticket = 1
+        self.cma_pending: dict[int, _Send] = {}  # ticket -> CMA send not acknowledged yet
+
+
+class _In:
+    """Receiver side of ring ``peer -> self`` (it lives in our own segment)."""
+
+    __slots__ = ("peer", "cap", "data", "data_off", "head_i", "tail_i", "slot_i", "tail", "frame")
+
+    def __init__(self, me: int, peer: int, seg: R.Segment, size: int):
+        cap = seg.words[R.H_CAP // 8]
+        ctrl = R.ring_offset(me, peer, size, cap)
+        self.peer, self.cap = peer, cap
+        self.data_off = ctrl + R.CTRL_BYTES
+        self.data = seg.addr + self.data_off
+        self.head_i, self.tail_i, self.slot_i = (ctrl + R.C_HEAD) // 8, (ctrl + R.C_TAIL) // 8, (ctrl + R.C_SLOTS) // 8
+        self.tail = seg.words[self.tail_i]
+        self.frame: _Frame | None = None  # eager frame whose payload is still streaming in
+
+
+_memmove = ctypes.memmove  # releases the GIL; glibc fences its streaming stores (see _shm_ring)
+
+
+# ---- the transport ----------------------------------------------------------------------------
+class ShmTransport(Transport):
+    """Point-to-point over shared memory between the processes of one host.
+
+    Build it with :meth:`from_env` (torchrun's environment) or directly from any
+    ``torch.distributed.Store`` shared by the ``size`` processes.
+    """
+
+    name = "shm"
+
+    @classmethod
+    def available(cls) -> bool:
+        return R.supported()[0]
+
+    def __init__(self, rank: int, size: int, store=None, *, timeout: float = 300.0,
+                 options: ShmOptions | None = None):
+        ok, why = R.supported()
+        if not ok:
+            raise RingletError(why)
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is outside a world of size {size}")
+        if size > 1 and store is None:
+            raise ValueError("a world of more than one rank needs a store to exchange segment names")
+        self.rank, self.size = rank, size
+        self.options = options or ShmOptions.from_env()
+        self._lib = R.libc()
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # waits of a lone rank, which has no doorbell
+        self._closed = False
+        self._spin = self.options.spin_seconds(size)
+        self._chunk = 1 << 20
+        self._segs: list[R.Segment | None] = [None] * size
+        self._outs: list[_Out | None] = [None] * size
+        self._ins: list[_In] = []
+        self._pids = [os.getpid()] * size
+        self._doorbells = [0] * size
+        self._watch = R.Watcher()
+        self._mapped: B.Mapped | None = None
+        self._store = store  # kept alive: rank 0 may be hosting it
+        self._posted: dict[tuple[int, int], collections.deque[_Recv]] = {}
+        self._unexpected: dict[tuple[int, int], collections.deque[_Frame]] = {}
+        self._sending: set[int] = set()  # peers with queued sends
+        self._acking: set[int] = set()  # peers with CMA sends awaiting acknowledgement
+        self._notify: set[int] = set()  # receivers to wake after this progress pass (new data)
+        self._notify_space: set[int] = set()  # senders to wake if they want it (space freed, CMA acks)
+        self._want_off = R.want_offset(size)
+        self._wanted: set[int] = set()  # peers whose want flag we raised in our header
+        self._ack_waits: collections.Counter[int] = collections.Counter()  # blocked CMA-send waits per peer
+        self._sleepers = 0
+        self._next_check = 0.0
+        self._self_posted: dict[int, collections.deque[_Recv]] = {}
+        self._self_unexpected: dict[int, collections.deque[torch.Tensor]] = {}
+        self._path: str | None = None  # own segment, unlinked once every rank has mapped it
+        self._cma_min = max(1, self.options.cma_min_bytes)
+        if size > 1:
+            self._connect(store, timeout)
+
+    # ---- bootstrap ----------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, *, timeout: float | None = None, options: ShmOptions | None = None) -> "ShmTransport":
+        """Join the job described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+        Every rank must run on this host: ``LOCAL_WORLD_SIZE != WORLD_SIZE`` or ranks reporting other
+        hostnames raise ``ValueError``.
+        """
+        global _instances
+        env = os.environ
+        if timeout is None:
+            timeout = float(env.get("RINGLET_TIMEOUT") or 300.0)
+        size = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+        local = env.get("LOCAL_WORLD_SIZE")
+        if local not in (None, "") and int(local) != size:
+            raise ValueError(
+                f"The shm transport needs all ranks on one host, but this host runs LOCAL_WORLD_SIZE={local} "
+                f"of WORLD_SIZE={size} ranks; use the torch or mpi transport across hosts.")
+        _instances += 1
+        if size == 1:
+            return cls(0, 1, None, timeout=timeout, options=options)
+        store = B.store_from_env(env, rank, size, timeout, _instances)
+        return cls(rank, size, store, timeout=timeout, options=options)
+
+    def _connect(self, store, timeout: float) -> None:
+        m = B.start(self.rank, self.size, store, self.options.capacity(self.size), self.options.cma, timeout)
+        self._mapped, self._segs, self._pids, self._watch, self._path = m, m.segments, m.pids, m.watcher, m.path
+        me, own = self.rank, m.segments[self.rank]
+        for r, seg in enumerate(m.segments):
+            self._doorbells[r] = seg.addr + R.H_SEM
+            if r != me:
+                o = _Out(me, r, seg, self.size)
+                o.cma_ok = self.options.cma and seg.mm[R.H_CMA_OK + me] == 1
+                self._outs[r] = o
+                self._ins.append(_In(me, r, own, self.size))
+
+    # ---- posting ------------------------------------------------------------------------------
+    def _check(self, buf: torch.Tensor, peer: int) -> None:
+        if self._closed:
+            raise PeerError(f"rank {self.rank}: the shm transport is closed")
+        if not 0 <= peer < self.size:
+            raise ValueError(f"peer {peer} is outside a world of size {self.size}")
+        if not buf.is_cpu:
+            raise ValueError(f"the shm transport moves CPU tensors; got one on {buf.device}")
+        if buf.dim() != 1 or not buf.is_contiguous():
+            raise ValueError("the shm transport needs a contiguous 1-D tensor (view)")
+
+    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check(buf, peer)
+        if peer == self.rank:
+            return self._self_send(buf, tag)
+        h = _Send(self, buf, peer, tag)
+        with self._lock:
+            o = self._outs[peer]
+            if self._closed:
+                raise PeerError(f"rank {self.rank}: the shm transport is closed")
+            # A ticket reuses the completion slot of ticket - NSLOTS, which must be acknowledged by then.
+            if o.cma_ok and h.nbytes >= self._cma_min and (o.next_ticket - R.NSLOTS) not in o.cma_pending:
+                h.kind, h.ticket = R.CMA, o.next_ticket
+                o.next_ticket += 1
+                o.cma_pending[h.ticket] = h
+                self._acking.add(peer)
+            o.queue.append(h)
+            if len(o.queue) == 1:
+                self._push(o)
+            if o.queue:
+                self._sending.add(peer)
+            self._ring_doorbells()
+        return h
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        self._check(buf, peer)
+        if peer == self.rank:
+            return self._self_recv(buf, tag)
+        h = _Recv(self, buf, peer, tag)
+        key = (peer, tag)
+        with self._lock:
+            if self._closed:
+                raise PeerError(f"rank {self.rank}: the shm transport is closed")
+            q = self._unexpected.get(key)
+            if q:
+                f = q.popleft()
+                if not q:
+                    del self._unexpected[key]
+                self._bind(f, h)
+            else:
+                self._posted.setdefault(key, collections.deque()).append(h)
+                self._consume(self._ins[peer if peer < self.rank else peer - 1])
+            self._ring_doorbells()
+        return h
+
+    def _self_send(self, buf: torch.Tensor, tag: int) -> Handle:
+        with self._lock:
+            q = self._self_posted.get(tag)
+            if q:
+                h = q.popleft()
+                if not q:
+                    del self._self_posted[tag]
+                self._deliver_local(h, buf)
+            else:
+                self._self_unexpected.setdefault(tag, collections.deque()).append(buf.clone())
+        return COMPLETED
+
+    def _self_recv(self, buf: torch.Tensor, tag: int) -> Handle:
+        h = _Recv(self, buf, self.rank, tag)
+        with self._lock:
+            q = self._self_unexpected.get(tag)
+            if q:
+                data = q.popleft()
+                if not q:
+                    del self._self_unexpected[tag]
+                self._deliver_local(h, data)
+            else:
+                self._self_posted.setdefault(tag, collections.deque()).append(h)
+        return h
+
+    def _deliver_local(self, h: _Recv, data: torch.Tensor) -> None:
+        n = data.numel() * data.element_size()
+        if n != h.nbytes:
+            h.error = PeerError(f"rank {self.rank}: message to itself has {n} bytes, expected {h.nbytes} "
+                                f"(tag {h.tag})")
+        else:
+            if n:
+                _memmove(h.addr, data.data_ptr(), n)
+            h._finish()
+        # A thread of ours may sleep on this receive: wake it.
+        self._cond.notify_all()
+        if self._doorbells[self.rank]:
+            self._lib.sem_post(self._doorbells[self.rank])
+
+    # ---- progress (always under self._lock) ---------------------------------------------------
+    def _progress(self) -> bool:
+        """One pass over every ring: drain inbound, push outbound, collect CMA acks."""
+        moved = False
+        for i in self._ins:
+            if self._consume(i):
+                moved = True
+        if self._sending:
+            for peer in list(self._sending):
+                o = self._outs[peer]
+                if self._push(o):
+                    moved = True
+                if not o.queue:
+                    self._sending.discard(peer)
+        if self._acking:
+            for peer in list(self._acking):
+                o = self._outs[peer]
+                slots, base = o.seg.words, o.slot_i
+                for t in [t for t in o.cma_pending if slots[base + t % R.NSLOTS] >= t]:
+                    o.cma_pending.pop(t)._finish()
+                    moved = True
+                if not o.cma_pending:
+                    self._acking.discard(peer)
+        self._ring_doorbells()
+        return moved
+
+    def _ring_doorbells(self) -> None:
+        post, bells = self._lib.sem_post, self._doorbells
+        if self._notify:
+            for peer in self._notify:
+                post(bells[peer])
+            self._notify_space.difference_update(self._notify)
+            self._notify.clear()
+        if self._notify_space:
+            post(bells[self.rank])  # full fence between our counter stores and the loads of want flags
+            segs, flag = self._segs, self._want_off + self.rank
+            for peer in self._notify_space:
+                if segs[peer].mm[flag]:
+                    post(bells[peer])
+            self._notify_space.clear()
+
+    def _push(self, o: _Out) -> bool:
+        """Write as much of ``o``'s queued sends into its ring as fits. True if anything was written."""
+        words = o.seg.words
+        cap, head = o.cap, o.head
+        free = cap - (head - words[o.tail_i])
+        q = o.queue
+        start = head
+        while q:
+            s = q[0]
+            if s.sent < 0:
+                if free < R.FRAME:
+                    break
+                R.HEADER.pack_into(o.seg.mm, o.data_off + head % cap, s.tag, s.nbytes, s.kind,
+                                   s.addr if s.kind == R.CMA else 0, s.ticket)
+                head += R.FRAME
+                free -= R.FRAME
+                s.sent = 0
+                if s.kind == R.CMA:
+                    q.popleft()  # completes when the receiver acknowledges its ticket
+                    continue
+            padded = R.pad(s.nbytes)
+            while s.sent < padded and free > 0:
+                n = min(free, padded - s.sent, self._chunk)
+                real = min(n, s.nbytes - s.sent)
+                if real > 0:
+                    pos = head % cap
+                    first = min(real, cap - pos)
+                    _memmove(o.data + pos, s.addr + s.sent, first)
+                    if real > first:
+                        _memmove(o.data, s.addr + s.sent + first, real - first)
+                head += n
+                s.sent += n
+                words[o.head_i] = head  # publish each chunk so the receiver can copy out meanwhile
+                free = cap - (head - words[o.tail_i])
+            if s.sent < padded:
+                break
+            q.popleft()
+            s._finish()
+        if head == start:
+            return False
+        words[o.head_i] = head
+        o.head = head
+        self._notify.add(o.peer)
+        return True
+
+    def _consume(self, i: _In) -> bool:
+        """Read every frame available in ring ``i``. True if anything was consumed."""
+        words = self._segs[self.rank].words
+        head = words[i.head_i]
+        tail = i.tail
+        if head == tail:
+            return False
+        cap = i.cap
+        mm = self._segs[self.rank].mm
+        while tail < head:
+            f = i.frame
+            if f is None:
+                tag, nbytes, kind, raddr, ticket = R.HEADER.unpack_from(mm, i.data_off + tail % cap)
+                if nbytes < 0 or kind not in (R.EAGER, R.CMA):
+                    raise PeerError(f"rank {self.rank}: corrupt frame from rank {i.peer} (kind {kind}, "
+                                    f"{nbytes} bytes); was the segment written by another program?")
+                tail += R.FRAME
+                f = _Frame(i.peer, tag, nbytes, kind, raddr, ticket)
+                self._arrive(f)
+                if kind == R.CMA:
+                    continue
+                if nbytes == 0:
+                    self._frame_done(f)
+                    continue
+                i.frame = f
+            padded = R.pad(f.nbytes)
+            n = min(head - tail, padded - f.got, self._chunk)
+            real = min(n, f.nbytes - f.got)
+            if real > 0 and f.dest is not None:
+                pos = tail % cap
+                first = min(real, cap - pos)
+                _memmove(f.dest + f.got, i.data + pos, first)
+                if real > first:
+                    _memmove(f.dest + f.got + first, i.data, real - first)
+            f.got += n
+            tail += n
+            if f.got >= padded:
+                i.frame = None
+                self._frame_done(f)
+            words[i.tail_i] = tail  # free the space at once: the sender may be waiting for it
+        i.tail = tail
+        words[i.tail_i] = tail
+        self._notify_space.add(i.peer)
+        return True
+
+    def _arrive(self, f: _Frame) -> None:
+        key = (f.peer, f.tag)
+        q = self._posted.get(key)
+        if q:
+            h = q.popleft()
+            if not q:
+                del self._posted[key]
+            self._bind(f, h)
+            return
+        if f.kind == R.EAGER and f.nbytes:
+            f.keep = torch.empty(f.nbytes, dtype=torch.uint8)
+            f.dest = f.keep.data_ptr()
+        self._unexpected.setdefault(key, collections.deque()).append(f)
+
+    def _bind(self, f: _Frame, h: _Recv) -> None:
+        """Match frame ``f`` (maybe still streaming) with receive ``h``."""
+        if f.nbytes != h.nbytes:
+            h.error = PeerError(f"rank {self.rank}: message from rank {f.peer} (tag {f.tag}) has {f.nbytes} "
+                                f"bytes, but the receive posted for it expects {h.nbytes}")
+            f.dest = f.keep = None
+            if f.kind == R.CMA:
+                self._ack(f)
+            return
+        if f.kind == R.CMA:
+            err = self._lib.read_remote(self._pids[f.peer], h.addr, f.raddr, f.nbytes) if f.nbytes else 0
+            if err:
+                h.error = PeerError(f"rank {self.rank}: reading {f.nbytes} bytes from rank {f.peer}'s memory "
+                                    f"failed: {os.strerror(err)} (did it die?)")
+            else:
+                h._finish()
+            self._ack(f)
+            return
+        received = min(f.got, f.nbytes)
+        if received:
+            _memmove(h.addr, f.dest, received)
+        f.keep = None
+        if f.complete:
+            h._finish()
+        else:
+            f.dest = h.addr
+            f.handle = h
+
+    def _ack(self, f: _Frame) -> None:
+        i = self._ins[f.peer if f.peer < self.rank else f.peer - 1]
+        self._segs[self.rank].words[i.slot_i + f.ticket % R.NSLOTS] = f.ticket
+        self._notify_space.add(f.peer)
+
+    def _frame_done(self, f: _Frame) -> None:
+        f.complete = True
+        if f.handle is not None:
+            f.handle._finish()
+            f.handle = None
+            f.dest = None
+
+    # ---- waiting ------------------------------------------------------------------------------
+    def _poll(self, h: _Op) -> bool:
+        if h.finished or h.error is not None:
+            return True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._progress()
+                if not (h.finished or h.error is not None) and time.monotonic() >= self._next_check:
+                    self._next_check = time.monotonic() + _CHECK_EVERY
+                    self._check_peers(h)
+            finally:
+                self._lock.release()
+        return h.finished or h.error is not None
+
+    def _wait(self, h: _Op, timeout: float | None) -> None:
+        if not h.finished and h.error is None:
+            self._block(h, timeout)
+        if h.error is not None:
+            raise h.error
+
+    def _block(self, h: _Op, timeout: float | None) -> None:
+        acks = isinstance(h, _Send) and h.kind == R.CMA
+        if acks:
+            with self._lock:
+                self._ack_waits[h.peer] += 1
+        try:
+            self._block_loop(h, timeout)
+        finally:
+            if acks:
+                with self._lock:
+                    self._ack_waits[h.peer] -= 1
+
+    def _block_loop(self, h: _Op, timeout: float | None) -> None:
+        lib, bell = self._lib, self._doorbells[self.rank]
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        spin_end = now + self._spin
+        next_check = now + _CHECK_EVERY
+        drained = False
+        while True:
+            with self._lock:
+                if self._closed and not (h.finished or h.error is not None):
+                    h.error = PeerError(f"rank {self.rank}: the shm transport was closed while {h.describe()}")
+                moved = self._progress() if not self._closed else False
+                if moved and self._sleepers:
+                    lib.sem_post(bell)  # another thread of ours may wait for what we just completed
+                if h.finished or h.error is not None:
+                    return
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + _CHECK_EVERY
+                    self._check_peers(h)
+                    if h.error is not None:
+                        return
+                if deadline is not None and now >= deadline:
+                    h.error = CollectiveTimeout(f"rank {self.rank}: timed out after {timeout:.1f}s "
+                                                f"{h.describe()}")
+                    return
+                if moved or now < spin_end:
+                    drained = False
+                    continue
+                nap = _CHECK_EVERY if deadline is None else max(0.0, min(_CHECK_EVERY, deadline - now))
+                if not bell:  # a lone rank: only a thread of ours can complete this
+                    self._cond.wait(nap)
+                    continue
+                if not drained:
+                    self._raise_wants()
+                # Counted under the lock so that close() knows nobody touches the semaphore once it unmaps.
+                self._sleepers += 1
+            try:
+                if drained:
+                    lib.sem_wait_for(bell, nap)
+                else:
+                    # Fence (a post: the want flags just raised are visible before we read counters),
+                    # drain, then poll once more before sleeping: a publish missed by that poll is
+                    # posted after the drain, so the sleep returns at once.
+                    lib.sem_post(bell)
+                    lib.drain(bell)
+                drained = not drained
+            finally:
+                with self._lock:
+                    self._sleepers -= 1
+
+    def _raise_wants(self) -> None:
+        """Flag the peers whose space or acknowledgements we may sleep for (see _shm_ring)."""
+        want = set(self._sending)
+        want.update(q for q, n in self._ack_waits.items() if n)
+        if want != self._wanted:
+            mm, off = self._segs[self.rank].mm, self._want_off
+            for q in want - self._wanted:
+                mm[off + q] = 1
+            for q in self._wanted - want:
+                mm[off + q] = 0
+            self._wanted = want
+
+    def _check_peers(self, h: _Op) -> None:
+        """Fail ``h`` if its peer is gone or any peer crashed (exited without closing)."""
+        if self._closed:
+            h.error = PeerError(f"rank {self.rank}: the shm transport was closed while {h.describe()}")
+            return
+        if h.peer == self.rank:
+            return
+        dead = self._watch.dead()
+        if not dead and not self._segs[h.peer].words[R.H_CLOSED // 8]:
+            return
+        self._progress()  # take whatever the peer published before it went away
+        if h.finished or h.error is not None:
+            return
+        if self._segs[h.peer].words[R.H_CLOSED // 8]:
+            h.error = PeerError(f"rank {self.rank}: peer rank {h.peer} closed its transport while {h.describe()}")
+            return
+        crashed = sorted(r for r in dead if not self._segs[r].words[R.H_CLOSED // 8])
+        if h.peer in crashed:
+            h.error = PeerError(f"rank {self.rank}: peer rank {h.peer} died while {h.describe()}")
+        elif crashed:
+            h.error = PeerError(f"rank {self.rank}: rank {crashed[0]} died (while {h.describe()})")
+
+    # ---- shutdown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Mark this rank closed (peers waiting on it get PeerError), fail pending operations, unmap."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if os.getpid() != self._owner:  # a forked child: the shared state belongs to the parent
+                self._segs, self._mapped = [None] * self.size, None
+                return
+            own = self._segs[self.rank]
+            if own is not None:
+                own.words[R.H_CLOSED // 8] = 1
+                for r in range(self.size):
+                    if r != self.rank and self._segs[r] is not None:
+                        self._lib.sem_post(self._doorbells[r])
+            err = PeerError(f"rank {self.rank}: the shm transport was closed")
+            for q in self._posted.values():
+                for h in q:
+                    h.error = err
+            for o in self._outs:
+                if o is not None:
+                    for s in list(o.queue) + list(o.cma_pending.values()):
+                        s.error = err
+            self._cond.notify_all()
+        # Threads of ours asleep on the doorbell must leave it before the memory goes away.
+        give_up = time.monotonic() + 2 * _CHECK_EVERY + 1.0
+        while True:
+            with self._lock:
+                if not self._sleepers or time.monotonic() > give_up:
+                    self._posted.clear()
+                    self._unexpected.clear()
+                    self._self_posted.clear()
+                    self._self_unexpected.clear()
+                    self._outs = [None] * self.size
+                    self._ins = []
+                    self._sending.clear()
+                    self._acking.clear()
+                    self._notify.clear()
+                    self._release()
+                    return
+                self._lib.sem_post(self._doorbells[self.rank])
+            time.sleep(0.001)
+
+    def _release(self) -> None:
+        if self._mapped is not None:
+            B.release(self._mapped)
+        self._segs = [None] * self.size
+        self._doorbells = [0] * self.size
+        self._store = None
