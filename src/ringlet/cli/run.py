@@ -346,10 +346,19 @@ def _run_mpi(cfg: RunConfig) -> int:
 # ---- entry points -------------------------------------------------------------------------------
 def run(command, np: int | None = None, *, transport: str = "torch", hosts=None, rsh: str = "ssh",
         port: int | None = None, master_addr: str | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-        run_id: str | None = None, env: dict | None = None) -> int:
+        run_id: str | None = None, env: dict | None = None, cluster: bool = False) -> int:
     """Run ``command`` (argv list) as ``np`` ranks; return the job's exit status (0 when every rank succeeded,
     else the status of the rank that failed first). ``hosts``: ``"h1:4,h2:4"`` or ``[("h1", 4), ...]``.
-    ``env``: extra variables for every rank. Callable from Python; ``ringlet run`` is a thin wrapper."""
+    ``env``: extra variables for every rank. ``cluster``: run on the emulated hosts of ``ringlet cluster up``
+    (sets ``hosts``, ``rsh`` and ``master_addr``). Callable from Python; ``ringlet run`` is a thin wrapper."""
+    if cluster and node_rank is None:
+        from ..cluster import ClusterError, run_options
+
+        try:
+            opts = run_options(transport.strip().lower(), hosts=hosts, rsh=rsh, master_addr=master_addr)
+        except ClusterError as exc:
+            raise LaunchError(str(exc)) from None
+        hosts, rsh, master_addr = opts["hosts"], opts["rsh"], opts["master_addr"]
     command = tuple(command)
     if not command:
         raise LaunchError("No command given: ringlet run -np N -- python train.py ...")
@@ -384,11 +393,13 @@ def run(command, np: int | None = None, *, transport: str = "torch", hosts=None,
 @click.option("--port", type=int, default=None, help="Rendezvous port of a multi-host job (torch/shm).")
 @click.option("--master-addr", default=None,
               help="Address the other hosts reach the first host at (default: the first host's name).")
+@click.option("--cluster", is_flag=True,
+              help="Run on the emulated hosts of `ringlet cluster up` (one node launcher per host).")
 @click.option("--node-rank", type=int, default=None, hidden=True)
 @click.option("--rdzv-endpoint", default=None, hidden=True)
 @click.option("--run-id", default=None, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run_cli(np, hosts, transport, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id, command):
+def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, node_rank, rdzv_endpoint, run_id, command):
     """Run COMMAND as NP ranks: ringlet run -np 4 [--transport torch|mpi|shm] -- python train.py ARGS..."""
     sys.exit(run(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
-                 node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id))
+                 node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id, cluster=cluster))

@@ -1,0 +1,207 @@
+"""``ringlet cluster``: emulate several equal hosts on this machine (network namespaces, capped links,
+CPU quotas). Needs root.
+
+::
+
+    ringlet cluster up --hosts 4 --ranks-per-host 2 --link 1gbit --cpus-per-host 0.5
+    ringlet run --cluster -- python train.py       # one rendezvous across the emulated hosts
+    ringlet cluster exec h1 -- python -c 'import socket; print(socket.gethostname())'
+    ringlet cluster status
+    ringlet cluster linktest h0:h1                 # a few seconds of TCP through a capped link
+    ringlet cluster down                           # removes everything named rgl-*, also after a crash
+
+    ringlet cluster up --hosts 2 -- ringlet run --cluster -- python train.py   # up, run, down
+
+The logic lives in :mod:`ringlet.cluster`; these are thin wrappers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import click
+
+from ..cluster import manager
+from ..cluster import state as st
+from ..cluster.state import INTRA_CHOICES, ClusterError, ClusterSpec
+
+
+def _echo(msg: str) -> None:
+    click.echo(f"ringlet cluster: {msg}", err=True)
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.group("cluster", context_settings={"help_option_names": ["-h", "--help"]})
+def cluster_cli() -> None:
+    """Emulate several equal hosts on this machine (needs root): network namespaces joined by a bridge,
+    links capped with tc tbf, a CPU quota per host. Then `ringlet run --cluster -- CMD`."""
+
+
+def _run_foreground(command: tuple[str, ...]) -> int:
+    """Run ``command`` in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to it once."""
+    try:
+        child = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
+    except OSError as exc:
+        _echo(f"cannot start {command[0]!r}: {exc}")
+        return 127
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc
+
+
+@cluster_cli.command("up", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--hosts", "nhosts", type=int, required=True, help="Number of emulated hosts.")
+@click.option("--ranks-per-host", type=int, default=1, show_default=True,
+              help="Slots per host used by `ringlet run --cluster`.")
+@click.option("--link", default="1gbit", show_default=True,
+              help="Rate of each host's link, in tc units (100mbit, 1gbit, 10gbit...).")
+@click.option("--cpus-per-host", type=float, default=None,
+              help="CPU quota per host, in CPUs (0.5 = half a core). Default: an equal share of this machine; "
+                   "0: no quota.")
+@click.option("--intra", type=click.Choice(INTRA_CHOICES), default="shm", show_default=True,
+              help="Path between ranks of one host, exported as RINGLET_CLUSTER_INTRA (the torch transport "
+                   "always uses the host's loopback).")
+@click.option("--subnet", default=st.DEFAULT_SUBNET, show_default=True, help="Private IPv4 subnet of the hosts.")
+@click.option("--upload-only", is_flag=True, help="Cap only what each host sends (default: both directions).")
+@click.option("--replace", is_flag=True, help="Tear down a cluster that is already up first.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def up_cli(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, upload_only, replace, command):
+    """Create the emulated hosts rgl-h0..rgl-h{N-1}. With `-- COMMAND`, run COMMAND (on this machine,
+    e.g. `ringlet run --cluster -- ...`) and tear the cluster down when it ends or on Ctrl-C."""
+    spec = ClusterSpec(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, not upload_only)
+    try:
+        manager.up(spec, replace=replace, foreground=bool(command), log=_echo)
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    if not command:
+        _print_status(st.require())
+        return
+    rc = 1
+    try:
+        rc = _run_foreground(command)
+    finally:
+        try:
+            manager.down()
+            _echo("cluster down")
+        except ClusterError as exc:
+            _echo(str(exc))
+            rc = rc or 1
+    sys.exit(rc)
+
+
+@cluster_cli.command("down")
+def down_cli():
+    """Remove the cluster: stop its processes, delete every rgl-* namespace, link and cgroup."""
+    try:
+        removed = manager.down(log=_echo)
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    _echo("nothing to remove" if not removed else f"removed {len(removed)} object(s)")
+
+
+@cluster_cli.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("host")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def exec_cli(host, command):
+    """Run COMMAND inside emulated HOST (h0, rgl-h0 or 0): its network, CPU quota and hostname.
+    Without a command, start a shell there."""
+    try:
+        manager.check_privileges()
+        st.require().host(host)
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    from ..cluster import _rsh
+
+    if command and command[0] == "--":  # after HOST, click passes a separating -- through
+        command = command[1:]
+    _rsh.main(["--state", str(st.STATE_PATH), "--argv", host, *command])  # replaces this process
+
+
+def _print_status(state) -> None:
+    spec = state.spec
+    click.echo(f"{len(state.hosts)} hosts × {spec.ranks_per_host} rank(s); link {spec.link}"
+               f"{' each way' if spec.cap_ingress else ' upload only'}; CPU per host: "
+               + (f"{state.cpus:g} (cgroup v{state.cgroup_version})" if state.cgroup_version else "no quota")
+               + f"; intra-host: {spec.intra}; subnet {spec.subnet}")
+    click.echo(f"{'host':<10}{'address':<16}{'upload':<10}{'download':<10}{'cpus':<7}processes")
+    if state.foreground and not manager.alive(state.pid):
+        click.echo(f"the `ringlet cluster up -- ...` process (pid {state.pid}) that owned this cluster is gone: "
+                   "remove the leftovers with `ringlet cluster down`")
+    for h in manager.status(state):
+        if not h.present:
+            click.echo(f"{h.name:<10}{h.addr:<16}MISSING (run `ringlet cluster down`)")
+            continue
+        cpus = f"{h.cpus:g}" if h.cpus is not None else "-"
+        click.echo(f"{h.name:<10}{h.addr:<16}{h.upload or '-':<10}{h.download or '-':<10}{cpus:<7}{h.processes}")
+
+
+@cluster_cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the state file.")
+def status_cli(as_json):
+    """Show the hosts, their addresses, link caps and CPU quotas as the kernel reports them."""
+    try:
+        manager.check_privileges()
+        state = st.load()
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    if state is None:
+        left = manager.leftovers()
+        if left:
+            raise click.ClickException("no cluster is up, but these leftovers exist: " + ", ".join(left)
+                                       + "; remove them with `ringlet cluster down`.")
+        click.echo("no cluster is up")
+        return
+    if as_json:
+        click.echo(state.to_json())
+    else:
+        _print_status(state)
+
+
+@cluster_cli.command("linktest")
+@click.argument("flows", nargs=-1)
+@click.option("--seconds", type=float, default=2.0, show_default=True, help="Duration of the test.")
+@click.option("--json", "as_json", is_flag=True)
+def linktest_cli(flows, seconds, as_json):
+    """Measure TCP throughput through the capped links: FLOWS are SRC:DST host pairs run at the same time
+    (default h0:h1). E.g. `h1:h0 h2:h0` shows what a host receives from two senders."""
+    from ..cluster import linktest
+
+    try:
+        manager.check_privileges()
+        state = st.require()
+        pairs = [tuple(f.split(":", 1)) for f in (flows or ("h0:h1",))]
+        if any(len(p) != 2 for p in pairs):
+            raise ClusterError("Flows are SRC:DST host pairs, e.g. h0:h1.")
+        results = linktest.measure(state, pairs, seconds)
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    link_mb = st.parse_rate(state.spec.link) / 8 / 1e6
+    if as_json:
+        click.echo(json.dumps([{"src": r.src, "dst": r.dst, "bytes": r.nbytes, "seconds": r.seconds,
+                                "MB_per_s": r.mbytes_per_s, "link_MB_per_s": link_mb} for r in results]))
+        return
+    for r in results:
+        click.echo(f"{r.src} -> {r.dst}: {r.mbytes_per_s:.1f} MB/s of TCP payload over {r.seconds:.2f} s "
+                   f"(link {state.spec.link} = {link_mb:.1f} MB/s raw)")

@@ -1,0 +1,45 @@
+"""How ``ringlet run --cluster`` maps an emulated cluster onto the launcher's multi-host options.
+
+The launcher already runs one node launcher per ``--hosts`` entry through a remote shell; a cluster
+only has to supply the host list (``rgl-h0:RANKS_PER_HOST,...``), a remote shell that enters a host
+(:mod:`ringlet.cluster._rsh`) and the first host's bridge address as ``--master-addr``.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from . import state as st
+from .state import ClusterError
+
+RSH_SCRIPT = str(Path(__file__).with_name("_rsh.py"))
+
+
+def rsh_command(path: Path = st.STATE_PATH) -> str:
+    """The ``--rsh`` that runs ``RSH HOST 'command'`` inside emulated host HOST."""
+    return shlex.join([sys.executable, RSH_SCRIPT, "--state", str(path)])
+
+
+def run_options(transport: str, *, hosts=None, rsh: str = "ssh", master_addr: str | None = None,
+                path: Path = st.STATE_PATH) -> dict:
+    """``hosts``, ``rsh`` and ``master_addr`` for :func:`ringlet.cli.run.run` on the cluster that is up."""
+    if hosts or rsh != "ssh" or master_addr:
+        raise ClusterError("--cluster chooses --hosts, --rsh and --master-addr itself; drop them "
+                           "(use -np to run fewer ranks than the cluster has slots).")
+    state = st.require(path)
+    if os.geteuid() != 0:
+        raise ClusterError("Running on emulated hosts needs root (entering their namespaces and cgroups): "
+                           "`sudo $(which ringlet) run --cluster -- ...`.")
+    if transport == "mpi":
+        raise ClusterError("--cluster runs the torch transport (Gloo between hosts); "
+                           "mpiexec across emulated hosts is not supported yet.")
+    if transport == "shm" and len(state.hosts) > 1:
+        raise ClusterError("The shm transport joins ranks of one host only; use --transport torch on a "
+                           f"cluster of {len(state.hosts)} hosts.")
+    return {
+        "hosts": tuple((h.name, state.spec.ranks_per_host) for h in state.hosts),
+        "rsh": rsh_command(path),
+        "master_addr": state.hosts[0].addr,
+    }
