@@ -231,7 +231,7 @@ def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Te
 
 
 def execute(schedule: Schedule, rank: int, transport, buffers: tuple[torch.Tensor, ...], op: int,
-            *, peers: tuple[int, ...] | None = None, tag: int = 0, segment_bytes: int = 1 << 20,
+            *, peers: tuple[int, ...] | None = None, tag: int = 0, segment_bytes: int = 4 << 20,
             timeout: float | None = None, workspace: dict | None = None) -> None:
     """Run ``rank``'s part of ``schedule`` over ``transport`` on flat contiguous ``buffers``.
 
