@@ -1,0 +1,172 @@
+"""One sweep, run on every rank of a job: for each collective, size and implementation, time the
+out-of-place and in-place forms, then check every result element by element (nccl-tests' #wrong).
+
+Data is integer-valued and generated from a closed form, so each rank computes the expected
+result itself without materialising the other ranks' inputs (1 GiB rows stay within memory).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import ringlet
+from ringlet.benchmarking import busbw, iterations_for, time_collective
+from ringlet.collectives import scale_
+from ringlet.types import ReduceOp
+
+from . import impls
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to measure. ``sizes`` are bytes of the full buffer (all-gather: the output; reduce-
+    scatter: the input), rounded down to whole elements divisible by the world size."""
+
+    sizes: tuple[int, ...]
+    collectives: tuple[str, ...] = ("allreduce",)
+    implementations: tuple[str, ...] = ("ringlet:auto",)
+    dtype: torch.dtype = torch.float32
+    op: ReduceOp = ReduceOp.SUM
+    warmup: int = 2
+    iters: int = 0  # 0: fewer for big sizes (see iterations_for)
+    inplace: bool = True
+
+
+@dataclass
+class Row:
+    collective: str
+    impl: str
+    size: int
+    count: int
+    dtype: str
+    op: str
+    oop_us: float = float("nan")
+    oop_algbw: float = float("nan")
+    oop_busbw: float = float("nan")
+    oop_wrong: int = -1
+    ip_us: float = float("nan")
+    ip_algbw: float = float("nan")
+    ip_busbw: float = float("nan")
+    ip_wrong: int = -1
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pattern(n: int, rank: int, dtype: torch.dtype, op: ReduceOp, offset: int = 0) -> torch.Tensor:
+    """Integer data for ``rank``: exact in every dtype for sums of a few ranks; {−1, 1, 2} for products."""
+    i = torch.arange(offset, offset + n, dtype=torch.int64) + 3 * rank
+    if op == ReduceOp.PRODUCT:
+        vals = torch.tensor([-1, 1, 2])[i % 3] if dtype != torch.uint8 else torch.tensor([1, 2, 1])[i % 3]
+    elif dtype == torch.uint8:
+        vals = i % 9
+    else:
+        vals = i % 9 - 4
+    return vals.to(dtype)
+
+
+def _fold(n: int, p: int, dtype, op: ReduceOp, offset: int = 0) -> torch.Tensor:
+    acc = pattern(n, 0, dtype, op, offset)
+    for r in range(1, p):
+        x = pattern(n, r, dtype, op, offset)
+        if op in (ReduceOp.SUM, ReduceOp.AVG):
+            acc += x
+        elif op == ReduceOp.MIN:
+            acc = torch.minimum(acc, x)
+        elif op == ReduceOp.MAX:
+            acc = torch.maximum(acc, x)
+        else:
+            acc *= x
+    if op == ReduceOp.AVG:
+        scale_(acc, 1.0 / p)
+    return acc
+
+
+def _case(collective: str, n: int, p: int, me: int, dtype, op):
+    """(input, preallocated output or None, expected result) for this rank."""
+    k = n // p
+    if collective == "allreduce":
+        return pattern(n, me, dtype, op), None, _fold(n, p, dtype, op)
+    if collective == "broadcast":
+        return pattern(n, me, dtype, op), None, pattern(n, 0, dtype, op)
+    if collective == "allgather":
+        exp = torch.cat([pattern(k, r, dtype, op) for r in range(p)])
+        return pattern(k, me, dtype, op), torch.empty(n, dtype=dtype), exp
+    if collective == "reduce_scatter":
+        return pattern(n, me, dtype, op), torch.empty(k, dtype=dtype), _fold(k, p, dtype, op, offset=me * k)
+    if collective == "alltoall":
+        # rank s sends its chunk d to rank d: element j of that chunk is pattern(n, s)[d*k + j]
+        exp = torch.cat([pattern(k, s, dtype, op, offset=me * k) for s in range(p)])
+        return pattern(n, me, dtype, op), torch.empty(n, dtype=dtype), exp
+    raise ValueError(f"unknown collective {collective!r}; choose from {', '.join(impls.COLLECTIVES)}")
+
+
+def _agree_max(x: float) -> float:
+    return ringlet.allreduce(torch.tensor([x], dtype=torch.float64), op="max").item()
+
+
+def _agree_sum(x: int) -> int:
+    return int(ringlet.allreduce(torch.tensor([x], dtype=torch.int64)).item())
+
+
+def implementations_for(collective: str, names: tuple[str, ...]) -> list[str]:
+    """All-reduce gets one row per ringlet algorithm; the other collectives have one schedule each,
+    so their ``ringlet:<algo>`` entries collapse into a single ``ringlet`` row."""
+    if collective == "allreduce":
+        return list(names)
+    out: list[str] = []
+    for n in names:
+        n = "ringlet" if n.startswith("ringlet") else n
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def run_sweep(spec: SweepSpec, progress=None) -> list[Row]:
+    """Measure ``spec`` on every rank of the current ringlet job; every rank returns the same rows.
+
+    ``progress(done, total, label)`` is called on every rank after each (collective, size, impl).
+    """
+    p, me = ringlet.size(), ringlet.rank()
+    itemsize = torch.empty(0, dtype=spec.dtype).element_size()
+    rows: list[Row] = []
+    plan = {c: implementations_for(c, spec.implementations) for c in spec.collectives}
+    total = sum(len(v) for v in plan.values()) * len(spec.sizes)
+    done = 0
+    for collective in spec.collectives:
+        for size in spec.sizes:
+            n = max(p, size // itemsize // p * p) if collective != "allreduce" and collective != "broadcast" \
+                else max(1, size // itemsize)
+            nbytes = n * itemsize
+            inp0, out0, expected = _case(collective, n, p, me, spec.dtype, spec.op)
+            for name in plan[collective]:
+                done += 1
+                impl = impls.make(name, collective, spec.op, spec.dtype)
+                # Every rank must agree that the implementation exists before anyone runs it.
+                if _agree_sum(0 if impl is None else 1) != p:
+                    if progress:
+                        progress(done, total, f"{collective} {name} (skipped)")
+                    continue
+                row = Row(collective, name, nbytes, n, str(spec.dtype).replace("torch.", ""), spec.op.name.lower())
+                iters = spec.iters or iterations_for(nbytes, 1 << 30, 3, 50)
+                for inplace in ((False, True) if spec.inplace and collective in impls.IN_PLACE else (False,)):
+                    work = inp0.clone()
+                    out = None if out0 is None else out0.clone()
+                    sec = _agree_max(time_collective(lambda: impl(work, out, inplace), ringlet.barrier,
+                                                     iters=iters, warmup=spec.warmup))
+                    # correctness after the timed runs, on fresh inputs
+                    fresh = inp0.clone()
+                    got = impl(fresh, None if out0 is None else out0.clone(), inplace)
+                    wrong = _agree_sum(int((got.reshape(-1) != expected.reshape(-1)).sum())
+                                       if got.numel() == expected.numel() else expected.numel())
+                    pre = "ip" if inplace else "oop"
+                    setattr(row, f"{pre}_us", sec * 1e6)
+                    setattr(row, f"{pre}_algbw", nbytes / sec / 1e9)
+                    setattr(row, f"{pre}_busbw", busbw(collective, p, nbytes, sec) / 1e9)
+                    setattr(row, f"{pre}_wrong", wrong)
+                rows.append(row)
+                if progress:
+                    progress(done, total, f"{collective} {name} {nbytes}B")
+    return rows
