@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import ringlet
+from ringlet.algorithms.executor import reduce_into
 from ringlet.benchmarking import busbw, iterations_for, time_collective
 from ringlet.collectives import scale_
 from ringlet.types import ReduceOp
@@ -70,15 +71,7 @@ def pattern(n: int, rank: int, dtype: torch.dtype, op: ReduceOp, offset: int = 0
 def _fold(n: int, p: int, dtype, op: ReduceOp, offset: int = 0) -> torch.Tensor:
     acc = pattern(n, 0, dtype, op, offset)
     for r in range(1, p):
-        x = pattern(n, r, dtype, op, offset)
-        if op in (ReduceOp.SUM, ReduceOp.AVG):
-            acc += x
-        elif op == ReduceOp.MIN:
-            acc = torch.minimum(acc, x)
-        elif op == ReduceOp.MAX:
-            acc = torch.maximum(acc, x)
-        else:
-            acc *= x
+        reduce_into(acc, pattern(n, r, dtype, op, offset), int(op))
     if op == ReduceOp.AVG:
         scale_(acc, 1.0 / p)
     return acc
