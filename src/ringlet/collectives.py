@@ -103,6 +103,10 @@ def choose_allreduce(p: int, nbytes: int, host_of: tuple[int, ...]) -> str:
     """The size rule used by ``algorithm="auto"`` until the cost-model tuner replaces it."""
     reg = algorithms.ALLREDUCE
     hosts = len(set(host_of))
+    # Recursive doubling has half the rounds of halving-doubling but sends the whole vector each round;
+    # rounds cost tens of microseconds (MPI, shm) to milliseconds (Gloo), so it wins up to tens of KiB.
+    if nbytes < (32 << 10) and "recursive_doubling" in reg:
+        return "recursive_doubling"
     if nbytes < (64 << 10) and "halving_doubling" in reg:
         return "halving_doubling"
     if 1 < hosts < p and nbytes >= (1 << 20) and "hierarchical" in reg:

@@ -10,7 +10,8 @@ import torch
 from conftest import simulate
 
 from ringlet import algorithms
-from ringlet.algorithms import binomial, halving_doubling, hierarchical, reference, ring, torus, tree
+from ringlet.algorithms import (binomial, halving_doubling, hierarchical, recursive_doubling, reference, ring, torus,
+                                tree)
 from ringlet.algorithms import alltoall, barrier, direct
 from ringlet.types import ReduceOp
 
@@ -89,6 +90,23 @@ def test_halving_doubling_bytes_and_steps(p):
         else:
             expected.append(core)
     assert sched.bytes_sent(1) == expected
+
+
+@pytest.mark.parametrize("p", range(2, 17))
+def test_recursive_doubling_rounds_and_bytes(p):
+    """ceil(log2 p) rounds of whole-vector swaps (two more for folded-in ranks); half halving-doubling's rounds."""
+    pp = 1 << (p.bit_length() - 1)
+    extra = p - pp
+    n = 10
+    sched = recursive_doubling.allreduce(p, n)
+    assert sched.num_steps == (pp.bit_length() - 1) + (2 if extra else 0)
+    assert sched.num_steps <= halving_doubling.allreduce(p, 48 * p).num_steps // 2 + (1 if extra else 0)
+    rounds = pp.bit_length() - 1
+    for r, sent in enumerate(sched.bytes_sent(1)):
+        if r < 2 * extra and r % 2 == 0:
+            assert sent == n
+        else:
+            assert sent == n * (rounds + (1 if r < 2 * extra else 0))
 
 
 def test_halving_doubling_keeps_big_exchanges_near():

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import alltoall, barrier, binomial, direct, halving_doubling, hierarchical, ring, torus, tree
+from . import (alltoall, barrier, binomial, direct, halving_doubling, hierarchical, recursive_doubling, ring, torus,
+               tree)
 from .schedule import Schedule, ScheduleBuilder, Transfer, even_split
 
 AllreduceBuilder = Callable[[int, int, tuple[int, ...]], Schedule]
@@ -16,6 +17,7 @@ ALLREDUCE: dict[str, AllreduceBuilder] = {
     "ring": lambda p, n, host_of: ring.allreduce(p, n),
     "tree": lambda p, n, host_of: tree.allreduce(p, n),
     "halving_doubling": lambda p, n, host_of: halving_doubling.allreduce(p, n),
+    "recursive_doubling": lambda p, n, host_of: recursive_doubling.allreduce(p, n),
     "torus": lambda p, n, host_of: torus.allreduce(p, n, tuple(host_of)),
     "hierarchical": lambda p, n, host_of: hierarchical.allreduce(p, n, tuple(host_of)),
 }
@@ -27,6 +29,7 @@ ALIASES = {
     "hd": "halving_doubling",
     "rhd": "halving_doubling",
     "recursive_halving_doubling": "halving_doubling",
+    "rd": "recursive_doubling",
     "double_binary_tree": "tree",
     "dbtree": "tree",
     "2d_torus": "torus",
@@ -40,4 +43,4 @@ def allreduce_names() -> list[str]:
 
 __all__ = ["ALLREDUCE", "ALIASES", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
            "allreduce_names", "alltoall", "barrier", "binomial", "direct", "halving_doubling", "hierarchical",
-           "ring", "torus", "tree"]
+           "recursive_doubling", "ring", "torus", "tree"]

@@ -75,6 +75,8 @@ class RunConfig:
     rdzv_endpoint: str | None = None
     run_id: str | None = None
     extra_env: dict = field(default_factory=dict)
+    # mpi on emulated hosts: argv prefix that runs mpiexec inside the first host (see cluster.launch).
+    mpi_entry: tuple[str, ...] | None = None
 
 
 class LaunchError(click.ClickException):
@@ -321,6 +323,8 @@ def _run_mpi(cfg: RunConfig) -> int:
     if hosts is not None and not all(is_local_host(h) for h, _ in hosts):
         argv += ["-hosts", _hosts_spec(hosts), "-launcher", "ssh", "-launcher-exec", cfg.rsh]
     argv += [sys.executable, *SHIM, *cfg.command]
+    if cfg.mpi_entry:
+        argv = [*cfg.mpi_entry, *argv]
     run_dir = tempfile.mkdtemp(prefix="ringlet-run-")
     env = {**os.environ, **_worker_env(cfg, hosts), "RINGLET_RUN_DIR": run_dir}
     try:
@@ -359,6 +363,10 @@ def run(command, np: int | None = None, *, transport: str = "torch", hosts=None,
         except ClusterError as exc:
             raise LaunchError(str(exc)) from None
         hosts, rsh, master_addr = opts["hosts"], opts["rsh"], opts["master_addr"]
+        env = {**opts.get("env", {}), **(env or {})}
+        mpi_entry = opts.get("mpi_entry")
+    else:
+        mpi_entry = None
     command = tuple(command)
     if not command:
         raise LaunchError("No command given: ringlet run -np N -- python train.py ...")
@@ -378,7 +386,7 @@ def run(command, np: int | None = None, *, transport: str = "torch", hosts=None,
     if np is not None and np < 1:
         raise LaunchError("-np must be at least 1.")
     cfg = RunConfig(command, np, transport, parsed, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id,
-                    dict(env or {}))
+                    dict(env or {}), mpi_entry)
     if transport == "mpi":
         return _run_mpi(cfg)
     return _run_torch(cfg)

@@ -60,12 +60,21 @@ def enter(state: dict, host: dict) -> None:
     """Steps 1-3 of the module docstring, applied to this process."""
     if state.get("cgroup_dir"):
         procs = os.path.join(state["cgroup_dir"], host["name"], "cgroup.procs")
+        fd = os.environ.get("RINGLET_CLUSTER_CGROUP_FD")
+        if not os.path.exists(procs) and fd:
+            # Called from inside another emulated host (mpiexec on rgl-h0 starting its proxies): `ip netns exec`
+            # hid the cgroup file system there; the directory descriptor inherited from the outer entry still works.
+            procs = f"/proc/self/fd/{fd}/{host['name']}/cgroup.procs"
         try:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
         except OSError as exc:
             _fail(f"cannot join the CPU cgroup of {host['name']} ({procs}): {exc.strerror or exc}; "
                   "is the cluster still up? (`ringlet cluster status`)")
+        if "RINGLET_CLUSTER_CGROUP_FD" not in os.environ and os.path.isdir(state["cgroup_dir"]):
+            keep = os.open(state["cgroup_dir"], os.O_RDONLY | os.O_DIRECTORY)
+            os.set_inheritable(keep, True)
+            os.environ["RINGLET_CLUSTER_CGROUP_FD"] = str(keep)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWUTS) == 0:
         socket.sethostname(host["name"])

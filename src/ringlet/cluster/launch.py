@@ -32,14 +32,37 @@ def run_options(transport: str, *, hosts=None, rsh: str = "ssh", master_addr: st
     if os.geteuid() != 0:
         raise ClusterError("Running on emulated hosts needs root (entering their namespaces and cgroups): "
                            "`sudo $(which ringlet) run --cluster -- ...`.")
-    if transport == "mpi":
-        raise ClusterError("--cluster runs the torch transport (Gloo between hosts); "
-                           "mpiexec across emulated hosts is not supported yet.")
     if transport == "shm" and len(state.hosts) > 1:
         raise ClusterError("The shm transport joins ranks of one host only; use --transport torch on a "
                            f"cluster of {len(state.hosts)} hosts.")
-    return {
+    opts = {
         "hosts": tuple((h.name, state.spec.ranks_per_host) for h in state.hosts),
         "rsh": rsh_command(path),
         "master_addr": state.hosts[0].addr,
+    }
+    if transport == "mpi":
+        opts.update(mpi_options(state, path))
+    return opts
+
+
+def mpi_options(state, path: Path) -> dict:
+    """How mpiexec runs across emulated hosts.
+
+    mpiexec itself runs inside the first host: its proxies connect back to it, and the root namespace
+    has no address on the hosts' bridge. Hydra wants one executable as its remote shell, so the rsh
+    command is written to a script beside the state file. MPICH would otherwise join ranks of
+    different namespaces through shared memory (it cannot tell they are separate hosts), bypassing the
+    capped links: ``MPIR_CVAR_NOLOCAL=1`` sends everything over TCP, intra-host pairs included.
+    """
+    script = path.parent / "rsh"
+    text = "#!/bin/sh\nexec " + rsh_command(path) + ' "$@"\n'
+    if not script.exists() or script.read_text() != text:
+        script.write_text(text)
+        script.chmod(0o755)
+    return {
+        "rsh": str(script),
+        # The first host's variables must not reach the other hosts through mpiexec's environment.
+        "mpi_entry": (sys.executable, RSH_SCRIPT, "--state", str(path), "--argv", state.hosts[0].name,
+                      "env", "-u", "RINGLET_HOSTNAME", "-u", "RINGLET_CLUSTER_HOST"),
+        "env": {"MPIR_CVAR_NOLOCAL": "1"},
     }

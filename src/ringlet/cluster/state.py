@@ -193,6 +193,8 @@ def require(path: Path = STATE_PATH) -> ClusterState:
 
 
 def remove(path: Path = STATE_PATH) -> bool:
+    """Delete the state file (and the remote-shell script ``ringlet run --cluster --transport mpi`` writes beside it)."""
+    (path.parent / "rsh").unlink(missing_ok=True)
     try:
         path.unlink()
         return True
