@@ -136,7 +136,7 @@ def test_run_cluster_option_errors(tmp_path, monkeypatch):
     # MPICH off shared memory between namespaces (it would bypass the capped links).
     assert mpi["mpi_entry"][:1] == (sys.executable,) and "rgl-h0" in mpi["mpi_entry"]
     assert Path(mpi["rsh"]).read_text().startswith("#!/bin/sh") and os.access(mpi["rsh"], os.X_OK)
-    assert mpi["env"] == {"MPIR_CVAR_NOLOCAL": "1"}
+    assert mpi["env"] == {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self", "FI_PROVIDER": "tcp"}
     with pytest.raises(ClusterError, match="shm"):
         launch.run_options("shm", path=path)
     opts = launch.run_options("torch", path=path)

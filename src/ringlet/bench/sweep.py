@@ -143,7 +143,7 @@ def run_sweep(spec: SweepSpec, progress=None) -> list[Row]:
                         progress(done, total, f"{collective} {name} (skipped)")
                     continue
                 row = Row(collective, name, nbytes, n, str(spec.dtype).replace("torch.", ""), spec.op.name.lower())
-                iters = spec.iters or iterations_for(nbytes, 1 << 30, 3, 50)
+                iters = spec.iters or iterations_for(nbytes, 256 << 20, 3, 50)
                 for inplace in ((False, True) if spec.inplace and collective in impls.IN_PLACE else (False,)):
                     work = inp0.clone()
                     out = None if out0 is None else out0.clone()

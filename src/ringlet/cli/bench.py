@@ -56,28 +56,46 @@ def _parse_rate(text: str | None) -> float | None:
     return float(t)
 
 
-def _init_gloo_beside_mpi() -> None:
-    """Under mpiexec, also start torch.distributed (Gloo) so ``native`` can be compared in the same run."""
-    import torch.distributed as dist
+def _torch_env_beside_mpi() -> None:
+    """Under mpiexec, publish torchrun's env:// variables (rank 0 picks the port, MPI tells the others), so
+    that torch.distributed (the ``native`` competitor) and ringlet's torch or shm transports can start in
+    the same job as ``MPI_Allreduce``."""
     from mpi4py import MPI
 
-    if dist.is_initialized():
-        return
     comm = MPI.COMM_WORLD
     addr = None
     if comm.Get_rank() == 0:
-        s = socket.socket()
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-        s.close()
-        addr = f"tcp://{os.environ.get('RINGLET_MASTER_ADDR', socket.gethostbyname(socket.gethostname()))}:{port}"
-    addr = comm.bcast(addr, root=0)
-    dist.init_process_group("gloo", init_method=addr, rank=comm.Get_rank(), world_size=comm.Get_size())
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        host = os.environ.get("RINGLET_MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        addr = (host, port)
+    host, port = comm.bcast(addr, root=0)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    os.environ.update({"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(comm.Get_rank()),
+                       "WORLD_SIZE": str(comm.Get_size()), "LOCAL_RANK": str(local.Get_rank()),
+                       "LOCAL_WORLD_SIZE": str(local.Get_size()), "RINGLET_SHM_PORT": str(port + 1)})
+    local.Free()
+
+
+def _start(ringlet_transport: str, compare: list[str]):
+    """``ringlet.init`` on the requested transport, with torch.distributed up too when ``native`` is compared."""
+    import torch.distributed as dist
+
+    import ringlet
+    from ringlet.transport import detect
+
+    launched = detect()
+    if launched == "mpi" and (ringlet_transport not in ("", "mpi") or "native" in compare):
+        _torch_env_beside_mpi()
+        if "native" in compare or ringlet_transport == "torch":
+            dist.init_process_group("gloo", init_method="env://")
+    return ringlet.init(transport=ringlet_transport or None)
 
 
 def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str, max_bytes: str, factor: float,
                  dtype: str, op: str, iters: int, warmup: int, json_path: str, csv_path: str, plot_path: str,
-                 link_rate: str | None, progress: bool, title: str) -> int:
+                 link_rate: str | None, progress: bool, title: str, ringlet_transport: str = "") -> int:
     """Run the sweep on this rank of a job; rank 0 reports. Returns the exit status (1 if anything was wrong)."""
     import torch
 
@@ -85,11 +103,8 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
     from ringlet.bench import SweepSpec, report, run_sweep
     from ringlet.benchmarking import parse_size
 
-    ringlet.init()
-    rt = ringlet.collectives.runtime()
     comp = [c.strip() for c in compare.split(",") if c.strip()]
-    if "native" in comp and rt.transport.name == "mpi":
-        _init_gloo_beside_mpi()
+    rt = _start(ringlet_transport, comp)
     algos = ringlet.algorithms.allreduce_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",")]
     algos = [a for a in algos if a != "native"]
     spec = SweepSpec(
@@ -146,6 +161,8 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
 @click.option("--transport", default="torch", show_default=True, help="torch, shm or mpi (outside a job).")
 @click.option("-H", "--hosts", default=None, help="Host list NAME:SLOTS,... (outside a job).")
 @click.option("--cluster", is_flag=True, help="Run on the emulated hosts of `ringlet cluster up`.")
+@click.option("--ringlet-transport", default="", help="Transport of ringlet's own algorithms when it differs from "
+              "the launch, e.g. --transport mpi --ringlet-transport shm: ringlet on shared memory beside MPI_Allreduce.")
 @click.option("--collectives", default="allreduce", show_default=True,
               help="Comma list: allreduce, allgather, reduce_scatter, broadcast, alltoall.")
 @click.option("--algorithms", default="all", show_default=True, help="All-reduce algorithms: 'all' or a comma list.")
@@ -163,8 +180,8 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
 @click.option("--link-rate", default=None, help="Draw the link rate (e.g. 1gbit) on the plot.")
 @click.option("--title", default="", help="Plot title.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def bench_cli(np_, transport, hosts, cluster, collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype,
-              op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
+def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, algorithms, compare, min_bytes, max_bytes,
+              factor, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
     """Measure collectives nccl-tests style: time, algbw, busbw and #wrong per size and implementation."""
     if not _inside_job():
         from .run import run
@@ -172,4 +189,4 @@ def bench_cli(np_, transport, hosts, cluster, collectives, algorithms, compare, 
         cmd = [sys.executable, "-m", "ringlet.cli.main", "bench"] + _strip_launch_args(sys.argv[2:])
         sys.exit(run(cmd, np_ or 2, transport=transport, hosts=hosts, cluster=cluster))
     sys.exit(sweep_in_job(collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype, op, iters, warmup,
-                          json_path, csv_path, plot_path, link_rate, progress, title))
+                          json_path, csv_path, plot_path, link_rate, progress, title, ringlet_transport))

@@ -64,5 +64,5 @@ def mpi_options(state, path: Path) -> dict:
         # The first host's variables must not reach the other hosts through mpiexec's environment.
         "mpi_entry": (sys.executable, RSH_SCRIPT, "--state", str(path), "--argv", state.hosts[0].name,
                       "env", "-u", "RINGLET_HOSTNAME", "-u", "RINGLET_CLUSTER_HOST"),
-        "env": {"MPIR_CVAR_NOLOCAL": "1"},
+        "env": {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self", "FI_PROVIDER": "tcp"},
     }

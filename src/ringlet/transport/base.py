@@ -53,6 +53,10 @@ class Transport(abc.ABC):
     """
 
     name: str = "abstract"
+    # True when the backend's own all-reduce (compiled, on a low-latency channel, e.g. MPI) beats
+    # ringlet's Python-driven schedules on small messages: ``auto`` then picks it for those, and the
+    # metadata check becomes one tiny native all-reduce of a digest.
+    native_small: bool = False
     rank: int
     size: int
 

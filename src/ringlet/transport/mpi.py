@@ -130,6 +130,7 @@ class MPITransport(Transport):
     """Point-to-point over a private duplicate of ``MPI.COMM_WORLD``."""
 
     name = "mpi"
+    native_small = True
 
     def __init__(self, comm=None, *, timeout: float | None = None):
         MPI = _mpi()
