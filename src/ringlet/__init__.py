@@ -42,6 +42,9 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     tr = transport if isinstance(transport, Transport) else create(transport)
     rt = Runtime(tr, options)
     collectives._set_runtime(rt)
+    from . import timeline
+
+    timeline.configure_from_env(rt.rank)  # RINGLET_TIMELINE / HOROVOD_TIMELINE also for scripts using hooks only
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True

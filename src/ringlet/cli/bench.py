@@ -157,7 +157,8 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-np", "--np", "np_", type=int, default=None, help="Ranks to launch (outside a job).")
+@click.option("-np", "--np", "np_", type=int, default=None,
+              help="Ranks to launch (outside a job; default: all slots of --hosts/--cluster, else 2).")
 @click.option("--transport", default="torch", show_default=True, help="torch, shm or mpi (outside a job).")
 @click.option("-H", "--hosts", default=None, help="Host list NAME:SLOTS,... (outside a job).")
 @click.option("--cluster", is_flag=True, help="Run on the emulated hosts of `ringlet cluster up`.")
@@ -187,6 +188,8 @@ def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, al
         from .run import run
 
         cmd = [sys.executable, "-m", "ringlet.cli.main", "bench"] + _strip_launch_args(sys.argv[2:])
-        sys.exit(run(cmd, np_ or 2, transport=transport, hosts=hosts, cluster=cluster))
+        # Without -np: every slot of --hosts / the cluster, else 2 ranks on this host.
+        np_ = np_ if np_ is not None or hosts or cluster else 2
+        sys.exit(run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster))
     sys.exit(sweep_in_job(collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype, op, iters, warmup,
                           json_path, csv_path, plot_path, link_rate, progress, title, ringlet_transport))

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "demo": "ringlet.cli.demo:demo_cli",
     "cluster": "ringlet.cli.cluster:cluster_cli",
     "simulate": "ringlet.cli.simulate:simulate_cli",
+    "report": "ringlet.cli.report:report_cli",
 }
 
 

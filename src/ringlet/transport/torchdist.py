@@ -85,6 +85,33 @@ class TorchHandle(Handle):
         return self.work.is_completed()
 
 
+_generation = 0  # default groups this process created and destroyed (the same count on every rank)
+
+
+def init_default_group(timeout: float) -> None:
+    """Create torch.distributed's default Gloo group from the env:// variables, under a store prefix
+    unique to this process's init/shutdown generation.
+
+    Re-initialising over the same rendezvous store would otherwise read the previous generation's
+    Gloo addresses and connect to dead sockets (seen as hangs or "connection reset" after
+    ``shutdown(); init()``). Every rank goes through the same generations, so the prefixes agree.
+    """
+    dist = _dist()
+    store, rank, world = next(dist.rendezvous("env://"))
+    store = dist.PrefixStore(f"ringlet/{_generation}", store)
+    dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+
+
+def destroy_default_group() -> None:
+    """Destroy the default group created by :func:`init_default_group` and move to the next generation."""
+    global _generation
+    _generation += 1
+    dist = _dist()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class TorchTransport(Transport):
     """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
 
@@ -140,8 +167,7 @@ class TorchTransport(Transport):
         if missing:
             raise RuntimeError("The torch transport needs the env:// variables set by torchrun or `ringlet run` "
                                f"(missing: {', '.join(missing)}). Launch with `ringlet run -np N -- ...`.")
-        dist.init_process_group(backend="gloo", init_method="env://",
-                                timeout=datetime.timedelta(seconds=opts.timeout))
+        init_default_group(opts.timeout)
         return cls(owns_group=True, timeout=opts.timeout)
 
     # ---- point to point ------------------------------------------------------------------
@@ -226,7 +252,7 @@ class TorchTransport(Transport):
             return
         try:
             if self._owns_group:
-                dist.destroy_process_group()
+                destroy_default_group()
             else:
                 for pg in self._created:
                     if pg is not None and pg != dist.GroupMember.NON_GROUP_MEMBER:

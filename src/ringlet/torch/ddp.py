@@ -1,0 +1,492 @@
+"""``ringlet.torch.DistributedDataParallel``: torch's DDP contract, with ringlet moving the gradients.
+
+Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
+
+* construction broadcasts parameters and buffers from the group's first rank;
+* gradients are averaged over the group during ``backward()``: parameters are bucketed in reverse
+  order of registration (about the order backward produces their gradients), each bucket a flat buffer
+  of one dtype; when every gradient of a bucket has been accumulated its buffer goes to ringlet's
+  communication thread at once (``allreduce_async_``, op AVG), so later layers' communication overlaps
+  earlier layers' backward. Buckets start in index order on every rank, so ranks agree on the order;
+* before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
+  averages are copied into ``param.grad``;
+* ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
+  locally; the first backward after it reduces the accumulated sum;
+* ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
+  that will get no gradient; they are marked ready with zero gradients at the first hook, and a usage map
+  is reduced alongside so a parameter unused on every rank keeps ``grad`` untouched. Without the flag an
+  unused parameter raises a ``RuntimeError`` naming it (after the buckets were still reduced, so the
+  ranks stay in step) instead of hanging;
+* ``broadcast_buffers=True``: buffers are broadcast from the first rank before every forward.
+
+Timeline (:mod:`ringlet.timeline`; ``RINGLET_TIMELINE`` is honoured from construction on):
+``mark_step`` at the first forward of each step (micro-batches under ``no_sync`` belong to the step
+they accumulate into), ``FORWARD`` spans, a ``BACKWARD`` span from the first to the last gradient hook,
+``QUEUE`` (launch to start) and ``COMMUNICATE`` (the all-reduce) spans per bucket.
+
+With ``ringlet.torch`` initialised, the collectives go through its name-matched coordinator instead of
+ringlet's core queue (see :class:`Comm`); the coordinator then records the per-bucket phases.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+import ringlet
+from ringlet import collectives as _core
+from ringlet import timeline
+from ringlet.group import Group
+from ringlet.types import ReduceOp
+
+__all__ = ["DistributedDataParallel", "DDPOptions"]
+
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DDPOptions:
+    """Bucketing and reduction choices, fixed at construction.
+
+    ``first_bucket_cap_mb`` defaults to ``min(1, bucket_cap_mb)``: a small first bucket (the last layers)
+    starts communication early in backward, as torch does.
+    """
+
+    bucket_cap_mb: float = 25.0
+    first_bucket_cap_mb: float = 1.0
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    algorithm: str = "auto"
+
+
+class _Bucket:
+    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch")
+
+    def __init__(self, index: int, params: list[torch.nn.Parameter]):
+        self.index = index
+        self.params = params
+        self.offsets: list[int] = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.buffer = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        self.pending = len(params)
+        self.work: Pending | None = None
+        self.t_launch = 0.0
+
+    def slot(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()]
+
+
+class Pending:
+    """An in-flight collective of :class:`Comm`: ``wait()`` returns its result or raises its error;
+    ``span()`` gives (start, end) in timeline microseconds when it was timed."""
+
+    __slots__ = ("_work", "_handle", "_ctx", "_marks")
+
+    def __init__(self, work=None, handle: int | None = None, ctx=None, marks: list | None = None):
+        # The context is kept so that any thread may wait (hvd's synchronize looks it up per thread).
+        self._work, self._handle, self._ctx, self._marks = work, handle, ctx, marks
+
+    def wait(self):
+        if self._handle is not None:
+            return self._ctx.handles.wait(self._handle)
+        return self._work.wait()
+
+    def span(self) -> tuple[float, float] | None:
+        if not self._marks:
+            return None
+        return self._marks[0].wait(), self._marks[1].wait()
+
+
+class Comm:
+    """Where the collectives of DDP and the comm hooks go.
+
+    Normally ringlet's core queue (``allreduce_async_`` / ``broadcast_async_``): ops run in submission
+    order, which is identical on every rank because DDP submits in bucket order. When ``ringlet.torch``
+    is initialised its coordinator also drives that queue, from its own thread, so the interleaving
+    would differ between ranks; then the ops go through the coordinator under fixed names instead
+    (matched by name, so interleaving does not matter), and the coordinator records their timeline phases.
+    """
+
+    def __init__(self, group_or_set=None, algorithm: str = "auto"):
+        self.algorithm = algorithm
+        ctx = _torch_context()
+        self.coordinated = ctx is not None
+        if self.coordinated:
+            from .process_sets import ProcessSet, global_process_set
+
+            if group_or_set is None:
+                self.process_set = global_process_set
+            elif isinstance(group_or_set, ProcessSet):
+                self.process_set = group_or_set
+            elif isinstance(group_or_set, Group) and group_or_set.ranks == tuple(range(ctx.rt.size)):
+                self.process_set = global_process_set
+            else:
+                raise TypeError("With ringlet.torch initialised, pass a ringlet.torch ProcessSet (or None for "
+                                f"the world) as the group, not {type(group_or_set).__name__}.")
+            ranks = self.process_set.ranks
+            self.group = None
+            self.ranks = tuple(ranks)
+        else:
+            self.group = _resolve_group(group_or_set)
+            self.ranks = self.group.ranks if self.group is not None else tuple(range(_core.runtime().size))
+        self.root = self.ranks[0]
+        self.size = len(self.ranks)
+
+    def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
+                   timed: bool = False) -> Pending:
+        """In-place all-reduce of ``t`` (``name`` is used only in coordinated mode)."""
+        if self.coordinated:
+            from . import mpi_ops
+
+            return Pending(handle=mpi_ops.allreduce_async_(t, name=name, op=int(op), prescale_factor=prescale,
+                                                           process_set=self.process_set), ctx=_torch_context())
+        marks = [_stamp()] if timed else None
+        work = ringlet.allreduce_async_(t, op=op, algorithm=self.algorithm, group=self.group,
+                                        prescale_factor=prescale)
+        if timed:
+            marks.append(_stamp())
+        return Pending(work=work, marks=marks)
+
+    def broadcast_(self, t: torch.Tensor, name: str) -> Pending:
+        """In-place broadcast of ``t`` from the group's first rank."""
+        if self.coordinated:
+            from . import mpi_ops
+
+            return Pending(handle=mpi_ops.broadcast_async_(t, self.root, name=name, process_set=self.process_set),
+                           ctx=_torch_context())
+        return Pending(work=ringlet.broadcast_async_(t, self.root, group=self.group))
+
+
+def _torch_context():
+    from .basics import _ctx_or_none
+
+    return _ctx_or_none()
+
+
+def _resolve_group(g) -> Group | None:
+    if g is None or isinstance(g, Group):
+        return g
+    if hasattr(g, "_group") and callable(g._group):  # a ringlet.torch ProcessSet
+        return g._group()
+    raise TypeError(f"process_group must be a ringlet Group or ProcessSet, got {type(g).__name__}; torch "
+                    "ProcessGroups belong to torch's own DistributedDataParallel (see ringlet.torch.hooks).")
+
+
+def assign_buckets(params: list[torch.nn.Parameter], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
+    """Indices of ``params`` per bucket: reverse registration order, one dtype/device per bucket, a bucket
+    closed once it holds ``cap_bytes`` (``first_cap_bytes`` for the first bucket closed)."""
+    closed: list[list[int]] = []
+    open_: dict[tuple, list[int]] = {}
+    size: dict[tuple, int] = {}
+    for i in reversed(range(len(params))):
+        p = params[i]
+        key = (p.dtype, p.device)
+        open_.setdefault(key, []).append(i)
+        size[key] = size.get(key, 0) + p.numel() * p.element_size()
+        if size[key] >= (first_cap_bytes if not closed else cap_bytes):
+            closed.append(open_.pop(key))
+            size[key] = 0
+    closed.extend(b for b in open_.values() if b)
+    # Launch order = order in which backward is expected to fill them (first member in reverse order).
+    closed.sort(key=lambda b: -b[0])
+    return closed
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors_in(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors_in(x)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            yield from _tensors_in(getattr(obj, name))
+
+
+def _params_reached(output: Any) -> set[int]:
+    """ids of the leaf tensors the autograd graph of ``output`` accumulates gradients into."""
+    seen: set = set()
+    found: set[int] = set()
+    stack = [t.grad_fn for t in _tensors_in(output) if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # AccumulateGrad nodes carry their leaf
+        if var is not None:
+            found.add(id(var))
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return found
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap ``module`` so that ``backward()`` leaves the group-average of the gradients in ``param.grad``.
+
+    ``process_group`` / ``group``: a :class:`ringlet.Group` or ``ringlet.torch`` ``ProcessSet``
+    (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets. ``device_ids``,
+    ``output_device``, ``dim``, ``gradient_as_bucket_view`` and ``static_graph`` are accepted for
+    drop-in compatibility and have no effect here. ringlet must be initialised first.
+    """
+
+    _instances = 0  # wrappers created in this process: names their ops in coordinated mode
+
+    def __init__(self, module: torch.nn.Module, device_ids=None, output_device=None, dim: int = 0,
+                 broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
+                 find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
+                 static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
+                 algorithm: str = "auto"):
+        super().__init__()
+        if not _core_initialized():
+            raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
+                               "wrapping a module in DistributedDataParallel.")
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
+        self.options = DDPOptions(float(bucket_cap_mb), float(first), bool(find_unused_parameters),
+                                  bool(broadcast_buffers), algorithm)
+        self.module = module
+        # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
+        timeline.configure_from_env(_core.runtime().rank)
+        self._comm = Comm(group if group is not None else process_group, algorithm)
+        self._size = self._comm.size
+        DistributedDataParallel._instances += 1
+        # Names for coordinated mode: identical on every rank as long as ranks wrap modules in the same order.
+        self._prefix = f"ringlet.ddp{DistributedDataParallel._instances}"
+        self.require_backward_grad_sync = True
+
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        for p in self._params:
+            if p.layout != torch.strided:
+                raise ValueError("DistributedDataParallel supports dense parameters only.")
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        layout = assign_buckets(self._params, int(self.options.bucket_cap_mb * _MB),
+                                int(self.options.first_bucket_cap_mb * _MB))
+        self._buckets = [_Bucket(k, [self._params[i] for i in idx]) for k, idx in enumerate(layout)]
+        self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
+        for b in self._buckets:
+            for j, p in enumerate(b.params):
+                self._where[id(p)] = (b, j, len(self._where))
+
+        self._lock = threading.Lock()
+        self._armed = False          # the current forward's backward must reduce
+        self._in_backward = False    # a hook of this backward fired; finalisation is queued
+        self._ready: list[bool] = []      # per flat index: in the bucket buffer already
+        self._got_grad: list[bool] = []   # per flat index: a real gradient (not zeros for an unused param)
+        self._next_launch = 0
+        self._unused: list[torch.nn.Parameter] = []
+        self._usage: torch.Tensor | None = None
+        self._usage_work = None
+        self._step_open = False
+        self._t_first = self._t_last = 0.0
+
+        self._broadcast_state()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
+
+    # ---- public -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Forwards inside the block skip gradient reduction in their backward (local accumulation)."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def forward(self, *inputs, **kwargs):
+        grad = torch.is_grad_enabled()
+        if grad and not self._step_open:
+            timeline.mark_step()
+            self._step_open = True
+        if self.options.broadcast_buffers and self._size > 1:
+            self._broadcast(list(self.module.buffers()), "buffers")
+        tl = timeline.active()
+        t0 = timeline.now_us() if tl is not None else 0.0
+        out = self.module(*inputs, **kwargs)
+        if tl is not None:
+            tl.span("forward", "FORWARD", t0, timeline.now_us())
+        if grad:
+            self._prepare(out if self.require_backward_grad_sync else None)
+        return out
+
+    @property
+    def bucket_layout(self) -> list[list[str]]:
+        """Parameter names per bucket, in launch order (for inspection and tests)."""
+        return [[self._names.get(id(p), "?") for p in b.params] for b in self._buckets]
+
+    # ---- construction-time and per-forward broadcasts ------------------------------------------------
+    def _broadcast_state(self) -> None:
+        if self._size > 1:
+            self._broadcast([p.data for p in self.module.parameters()] + list(self.module.buffers()), "state")
+
+    @torch.no_grad()
+    def _broadcast(self, tensors: list[torch.Tensor], what: str) -> None:
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for t in tensors:
+            if t.numel():
+                by_kind.setdefault((t.dtype, t.device), []).append(t)
+        works = []
+        for i, ts in enumerate(by_kind.values()):  # one coalesced broadcast per dtype, same order everywhere
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            works.append((ts, flat, self._comm.broadcast_(flat, f"{self._prefix}.{what}{i}")))
+        for ts, flat, w in works:
+            w.wait()
+            off = 0
+            for t in ts:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+
+    # ---- reduction state machine ------------------------------------------------------------------------
+    def _prepare(self, out) -> None:
+        """Arm the hooks for the backward of this forward (``out`` is None under ``no_sync``)."""
+        with self._lock:
+            if self._in_backward:
+                raise RuntimeError("DistributedDataParallel: a forward ran while the previous backward's "
+                                   "reduction was unfinished.")
+            self._armed = out is not None
+            if not self._armed:
+                return
+            self._ready = [False] * len(self._params)
+            self._got_grad = [False] * len(self._params)
+            for b in self._buckets:
+                b.pending, b.work = len(b.params), None
+            self._next_launch = 0
+            if self.options.find_unused_parameters:
+                reached = _params_reached(out)
+                self._unused = [p for p in self._params if id(p) not in reached]
+
+    def _on_grad(self, p: torch.nn.Parameter) -> None:
+        if not self._armed:
+            return
+        with self._lock:
+            if not self._in_backward:
+                self._in_backward = True
+                self._t_first = timeline.now_us()
+                torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+                for q in self._unused:
+                    self._mark_ready(q, None)
+            self._mark_ready(p, p.grad)
+            self._t_last = timeline.now_us()
+
+    def _mark_ready(self, p: torch.nn.Parameter, grad: torch.Tensor | None) -> None:
+        b, j, k = self._where[id(p)]
+        if self._ready[k]:
+            raise RuntimeError(f"DistributedDataParallel: parameter {self._names.get(id(p), '?')} received a "
+                               "gradient twice in one backward (reentrant backward or a parameter used in two "
+                               "separate backward passes of one forward is not supported).")
+        self._ready[k] = True
+        self._got_grad[k] = grad is not None
+        if grad is None:
+            b.slot(j).zero_()
+        else:
+            if grad.is_sparse:
+                raise ValueError("DistributedDataParallel does not reduce sparse gradients.")
+            b.slot(j).copy_(grad.reshape(-1))
+        b.pending -= 1
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _launch(self, b: _Bucket) -> None:
+        timed = timeline.active() is not None
+        b.t_launch = timeline.now_us() if timed else 0.0
+        b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed)
+
+    def _finalize(self) -> None:
+        """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``."""
+        with self._lock:
+            missing = [p for k, p in enumerate(self._flat_params()) if not self._ready[k]]
+            for p in missing:  # zeros keep the ranks in step even when this rank is about to raise
+                self._mark_ready(p, None)
+            self._launch_ready()
+            if self.options.find_unused_parameters:
+                # How many ranks produced a real gradient per parameter: an all-zero entry keeps .grad as is.
+                self._usage = torch.tensor(self._got_grad, dtype=torch.int32)
+                self._usage_work = self._comm.allreduce_(self._usage, ReduceOp.SUM, f"{self._prefix}.usage")
+            t_first, t_last = self._t_first, self._t_last
+            self._in_backward = False
+            self._armed = False
+        tl = timeline.active()
+        if tl is not None:
+            tl.span("backward", "BACKWARD", t_first, t_last)
+        error: BaseException | None = None
+        for b in self._buckets:
+            try:
+                b.work.wait()
+            except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
+                error = error or exc
+        if self._usage_work is not None:
+            try:
+                self._usage_work.wait()
+            except BaseException as exc:  # noqa: BLE001
+                error = error or exc
+            self._usage_work = None
+        if error is not None:
+            raise error
+        if tl is not None:
+            self._record_comm(tl)
+        self._step_open = False
+        if missing and not self.options.find_unused_parameters:
+            names = ", ".join(self._names.get(id(p), "?") for p in missing[:10])
+            raise RuntimeError(f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in "
+                               f"this backward ({names}). Pass find_unused_parameters=True if parts of the "
+                               "model are unused in some iterations, or make every parameter take part in "
+                               "producing the loss.")
+        self._copy_back()
+
+    def _flat_params(self) -> list[torch.nn.Parameter]:
+        return [p for b in self._buckets for p in b.params]
+
+    @torch.no_grad()
+    def _copy_back(self) -> None:
+        usage = self._usage.tolist() if self.options.find_unused_parameters else None
+        for b in self._buckets:
+            for j, p in enumerate(b.params):
+                k = self._where[id(p)][2]
+                avg = b.slot(j).view_as(p)
+                if not self._got_grad[k]:
+                    if usage is None or usage[k] == 0:
+                        continue  # no rank used it: leave .grad as it was, like torch
+                    if p.grad is None:
+                        p.grad = avg.clone()
+                        continue
+                p.grad.copy_(avg)
+
+    def _record_comm(self, tl: timeline.Timeline) -> None:
+        for b in self._buckets:
+            times = b.work.span()
+            if times is None:
+                continue
+            start, end = times
+            track = f"ddp.bucket{b.index}"
+            tl.span(track, "QUEUE", b.t_launch, start)
+            tl.span(track, "COMMUNICATE", start, end,
+                    {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
+
+
+def _stamp():
+    """A no-op queued on ringlet's comm thread whose result is the time it ran: placed right before and
+    after a collective, the two stamps bracket its execution (collectives run one at a time in order)."""
+    return _core.runtime().submit(timeline.now_us, sync=False)
+
+
+def _core_initialized() -> bool:
+    try:
+        _core.runtime()
+    except Exception:  # noqa: BLE001 - whatever "not initialised" raises
+        return False
+    return True

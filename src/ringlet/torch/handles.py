@@ -1,0 +1,87 @@
+"""Integer handles of asynchronous ops: what ``*_async`` returns and ``poll``/``synchronize`` take."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+
+class HandleState:
+    """Completion of one handle (an op, or every member of a grouped op)."""
+
+    __slots__ = ("event", "result", "error", "pending", "finalize")
+
+    def __init__(self, parts: int, finalize: Callable[[list], Any] | None):
+        self.event = threading.Event()
+        self.result: list = [None] * parts
+        self.error: BaseException | None = None
+        self.pending = parts
+        self.finalize = finalize  # turns the per-part results into what synchronize returns
+
+
+class HandleTable:
+    """Handles count from 1 in each context; the same counter numbers ``noname`` ops (Horovod's rule)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 1
+        self._next_internal = -1  # control ops (process set changes) must not shift noname numbering
+        self._states: dict[int, HandleState] = {}
+
+    def allocate(self, parts: int = 1, finalize: Callable[[list], Any] | None = None, internal: bool = False) -> int:
+        with self._lock:
+            if internal:
+                h = self._next_internal
+                self._next_internal -= 1
+            else:
+                h = self._next
+                self._next += 1
+            st = HandleState(parts, finalize)
+            if parts == 0:
+                st.event.set()
+            self._states[h] = st
+            return h
+
+    def complete(self, handle: int, part: int, result: Any = None, error: BaseException | None = None) -> None:
+        """Record one part's outcome; the handle is done when every part is."""
+        with self._lock:
+            st = self._states.get(handle)
+            if st is None or st.event.is_set():
+                return
+            if error is not None and st.error is None:
+                st.error = error
+            st.result[part] = result
+            st.pending -= 1
+            if st.pending <= 0:
+                st.event.set()
+
+    def discard(self, handle: int) -> None:
+        """Forget a handle whose submission was rejected."""
+        with self._lock:
+            self._states.pop(handle, None)
+
+    def _get(self, handle: int) -> HandleState:
+        with self._lock:
+            st = self._states.get(handle)
+        if st is None:
+            raise ValueError(f"Handle {handle!r} was not created or has been cleared.")
+        return st
+
+    def poll(self, handle: int) -> bool:
+        return self._get(handle).event.is_set()
+
+    def wait(self, handle: int) -> Any:
+        st = self._get(handle)
+        while not st.event.wait(1.0):
+            pass
+        with self._lock:
+            self._states.pop(handle, None)
+        if st.error is not None:
+            raise st.error
+        return st.finalize(st.result) if st.finalize is not None else st.result[0]
+
+    def fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            for st in self._states.values():
+                if not st.event.is_set():
+                    st.error = st.error or error
+                    st.event.set()

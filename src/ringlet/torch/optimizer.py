@@ -1,0 +1,330 @@
+"""``DistributedOptimizer``: the user's optimizer, with gradients averaged across ranks before each step.
+
+Reduction overlaps the backward pass: a hook after each parameter's gradient accumulation starts that
+gradient's all-reduce (named after the parameter, so ranks whose hooks fire in different orders still
+match) as soon as the last of ``backward_passes_per_step`` passes has produced it; ``step()`` only
+waits for the results. Gradients of several backward passes are summed locally first (scale the loss by
+``1 / backward_passes_per_step`` for an average). ``groups`` gathers parameters into grouped all-reduces.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from ringlet import timeline
+
+from . import mpi_ops
+from .basics import size as _world_size
+from .compression import Compression
+from .process_sets import global_process_set
+
+_STEP_AFTER_SYNC = ("optimizer.step() was called after optimizer.synchronize() outside an "
+                    "optimizer.skip_synchronize() context: the gradients are reduced a second time, which "
+                    "is wasted work. Wrap step() in `with optimizer.skip_synchronize():` after an explicit "
+                    "synchronize().")
+_ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                      "optimizer.synchronize(): gradient reductions are still in flight. Call step() (or "
+                      "synchronize()) first.")
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before optimizer.step() "
+                    "or synchronize(). Raise backward_passes_per_step to accumulate gradients locally.")
+
+
+class _DistributedOptimizer:
+    """Methods mixed in front of the user's optimizer class (see :func:`DistributedOptimizer`)."""
+
+    def _ringlet_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._parameter_names = _names(self.param_groups, named_parameters)
+        self._handles: dict = {}          # param -> (handle or None, ctx); None: waiting for its group
+        self._allreduce_delay: dict = {}  # param -> backward passes still to come before reducing
+        self._grad_hooks = []
+        self._requires_update: list = []
+        self._synchronized = False
+        self._should_synchronize = True
+        self._warned_step_after_sync = False
+        self._hook_span: list[float] | None = None  # [first, last] hook time of this step (timeline on)
+        self._group_of: dict = {}
+        self._group_ready: list[set] = []
+        self._groups: list[list] = []
+        if process_set.included() and _world_size() > 1:
+            self._register_hooks()
+        self._groups = _make_groups(groups, self._requires_update)
+        for gi, members in enumerate(self._groups):
+            for p in members:
+                self._group_of[p] = gi
+        self._group_ready = [set() for _ in self._groups]
+
+    # ---- hooks -----------------------------------------------------------------------------------
+    def _register_hooks(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.append(p)
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def _hook(self, p) -> None:
+        tl = timeline.active()
+        if tl is not None:
+            now = timeline.now_us()
+            if self._hook_span is None:
+                self._hook_span = [now, now]
+            else:
+                self._hook_span[1] = now
+        entry = self._handles.get(p)
+        if entry is not None and self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] > 0:
+            self._handles[p] = (None, None)  # accumulating: counts as pending for zero_grad()
+            return
+        gi = self._group_of.get(p)
+        if gi is None:
+            self._handles[p] = self._reduce_async(p)
+            return
+        self._handles[p] = (None, None)
+        ready = self._group_ready[gi]
+        ready.add(p)
+        if len(ready) == len(self._groups[gi]):
+            self._launch_group(gi)
+
+    # ---- reductions ------------------------------------------------------------------------------
+    def _scale(self) -> tuple[float, float]:
+        if self.op == mpi_ops.Average:
+            # Dividing before the sum keeps fp16 sums in range; the factor is undone after it (and
+            # Average's 1/size is applied by the collective itself).
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _dense_grad(self, p) -> torch.Tensor:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)  # a parameter this rank did not use still takes part
+        elif p.grad.is_sparse and self.sparse_as_dense:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _reduce_async(self, p):
+        grad = self._dense_grad(p)
+        name = self._parameter_names[p]
+        if grad.is_sparse:
+            return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op, process_set=self.process_set), "sparse"
+        wire, ctx = self._compression.compress(grad)
+        pre, post = self._scale()
+        handle = mpi_ops.allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre, postscale_factor=post,
+                                          process_set=self.process_set)
+        return handle, ctx
+
+    def _launch_group(self, gi: int) -> None:
+        members = self._groups[gi]
+        grads = []
+        for p in members:
+            g = self._dense_grad(p)
+            if g.is_sparse:
+                raise ValueError(f"Parameter {self._parameter_names[p]!r} has a sparse gradient and cannot be "
+                                 "reduced in a group; use sparse_as_dense=True or leave it out of groups.")
+            grads.append(g)
+        wires, ctxs = zip(*(self._compression.compress(g) for g in grads))
+        pre, post = self._scale()
+        handle = mpi_ops.grouped_allreduce_async_(list(wires), name=f"{self._parameter_names[members[0]]}.group",
+                                                  op=self.op, prescale_factor=pre, postscale_factor=post,
+                                                  process_set=self.process_set)
+        for i, p in enumerate(members):
+            self._handles[p] = ((handle, gi, i), ctxs[i])
+        self._group_ready[gi].clear()
+
+    def synchronize(self) -> None:
+        """Wait for every gradient reduction of this step, starting those that have not started
+        (parameters whose hook never fired take part with zero gradients), and write the results into
+        ``p.grad``. ``step()`` calls it unless inside :meth:`skip_synchronize`."""
+        if not self._requires_update:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            entry = self._handles.get(p)
+            if entry is None or entry[0] is None:
+                gi = self._group_of.get(p)
+                if gi is None:
+                    self._handles[p] = self._reduce_async(p)
+                else:
+                    self._launch_group(gi)
+        group_results: dict = {}
+        try:
+            for p in self._requires_update:
+                handle, ctx = self._handles[p]
+                if ctx == "sparse":
+                    p.grad = handle()
+                    continue
+                if isinstance(handle, tuple):
+                    h, gi, i = handle
+                    if gi not in group_results:
+                        group_results[gi] = mpi_ops.synchronize(h)
+                    out = group_results[gi][i]
+                else:
+                    out = mpi_ops.synchronize(handle)
+                result = self._compression.decompress(out, ctx)
+                if result is not p.grad:
+                    p.grad.copy_(result)
+        finally:
+            self._handles.clear()
+            for p in self._requires_update:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            for ready in self._group_ready:
+                ready.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block ``step()`` does not synchronize: for scripts that call :meth:`synchronize`
+        themselves (e.g. to clip the reduced gradients) before stepping."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronize (see :meth:`synchronize`), then the wrapped optimizer's step."""
+        if self._should_synchronize:
+            if self._synchronized and not self._warned_step_after_sync:
+                self._warned_step_after_sync = True
+                warnings.warn(_STEP_AFTER_SYNC, stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        tl = timeline.active()
+        if tl is not None and self._hook_span is not None:
+            tl.span("backward", "BACKWARD", self._hook_span[0], self._hook_span[1])
+        self._hook_span = None
+        out = super().step(closure)
+        timeline.mark_step()
+        return out
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's ``zero_grad``; ``AssertionError`` while reductions are pending."""
+        if self._handles:
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        return super().zero_grad(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated before gradients are reduced."""
+        _check_passes(passes)
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+
+def _check_passes(passes) -> None:
+    if not isinstance(passes, int) or passes <= 0:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}.")
+
+
+def _names(param_groups, named_parameters) -> dict:
+    params = [p for g in param_groups for p in g["params"]]
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{gi}.{i}" for gi, g in enumerate(param_groups)
+                for i, p in enumerate(g["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
+                         "produced by model.named_parameters().")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}")
+    by_param = {p: n for n, p in named}
+    unnamed = [p for p in params if p not in by_param]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         f"Python object ids: {', '.join(str(id(p)) for p in unnamed)}")
+    return {p: by_param[p] for p in params}
+
+
+def _make_groups(groups, params: list) -> list[list]:
+    """Parameter groups for grouped all-reduces: ``groups`` as an int splits ``params`` (those with hooks)
+    into that many contiguous groups; as a list of lists of parameters it is taken as is."""
+    if groups is None:
+        return []
+    if isinstance(groups, int):
+        n = min(groups, len(params))
+        if n <= 0:
+            return []
+        base, extra = divmod(len(params), n)
+        out, start = [], 0
+        for i in range(n):
+            end = start + base + (1 if i < extra else 0)
+            out.append(params[start:end])
+            start = end
+        return out
+    hooked = set(params)
+    return [[p for p in members if p in hooked] for members in groups if any(p in hooked for p in members)]
+
+
+def _check_groups(groups, param_groups) -> None:
+    if groups is None:
+        return
+    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor.")
+    if isinstance(groups, list):
+        known = {p for g in param_groups for p in g["params"]}
+        seen = set()
+        for members in groups:
+            if not isinstance(members, (list, tuple)):
+                raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor.")
+            for p in members:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if p in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                if p not in known:
+                    raise ValueError("groups contains a tensor that is not a parameter of the optimizer.")
+                seen.add(p)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=mpi_ops.Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+    """Wrap ``optimizer`` so that ``step()`` applies gradients reduced over ``process_set``.
+
+    Returns an instance of a subclass of ``type(optimizer)`` sharing its parameter groups and state
+    (keep using the returned object). ``named_parameters`` (``model.named_parameters()``) names the
+    reductions; without it they are ``allreduce.noname.<group>.<index>``. ``op``: ``Average`` (default),
+    ``Sum``; ``gradient_predivide_factor`` splits the averaging into a division before and after the
+    sum (``Average`` only). ``groups``: an int (that many grouped all-reduces) or a list of lists of
+    parameters; ``num_groups`` is its deprecated name. ``sparse_as_dense`` reduces sparse gradients as
+    dense tensors; otherwise they are all-gathered. Hooks are only installed when the job has more
+    than one rank.
+    """
+    if op == mpi_ops.Adasum:
+        raise NotImplementedError("Adasum is not implemented by ringlet; use op=hvd.Average or hvd.Sum.")
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Min, mpi_ops.Max, mpi_ops.Product):
+        raise ValueError(f"Unknown reduction op {op!r}.")
+    _check_passes(backward_passes_per_step)
+    if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}.")
+    if num_groups != 0:
+        warnings.warn("num_groups is deprecated; use groups=.", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    _check_groups(groups, optimizer.param_groups)
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base),
+               {"__module__": __name__, "_ringlet_base_step": base.step, "__doc__": base.__doc__})
+    # Share the user's optimizer's attributes (param groups, state, hooks, defaults) instead of running
+    # its __init__ again: optimizers with required constructor arguments work, and state carries over.
+    obj = cls.__new__(cls)
+    obj.__dict__.update(optimizer.__dict__)
+    obj._ringlet_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                       groups, sparse_as_dense, process_set)
+    return obj
+
+
+__all__ = ["DistributedOptimizer"]

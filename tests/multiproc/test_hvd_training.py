@@ -1,0 +1,36 @@
+"""Horovod-API training with real processes: one ``ringlet run`` job per world size (torch transport).
+
+The job (``hvd_training_worker.py``) checks, on every rank: DistributedOptimizer training equals
+single-process training on the concatenated batch (fp32, 1e-6) with and without accumulation, grouping,
+fusion (two init sessions: default threshold and ``HOROVOD_FUSION_THRESHOLD=0``); the optimizer's misuse
+errors; the gradients of every differentiable collective; broadcast_parameters,
+broadcast_optimizer_state, broadcast_object, allgather_object; SyncBatchNorm against BatchNorm on the
+concatenated batch. This test launches it and fails with every failing case of every rank.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mp_jobs import job_report, load_rank_files, run_job, worker
+
+JOB_TIMEOUT = 300  # seconds; a healthy job takes well under a minute here
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3])
+def test_hvd_training_equivalence(world, tmp_path):
+    out = tmp_path / "hvd.json"
+    job = run_job(["-np", str(world), "--transport", "torch", "--", sys.executable,
+                   worker("hvd_training_worker.py"), str(out)],
+                  timeout=JOB_TIMEOUT, env={"RINGLET_TIMEOUT": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
+    ranks = load_rank_files(out, world)
+    missing = [r for r, s in enumerate(ranks) if s is None]
+    assert not missing, f"ranks {missing} wrote no summary\n{job_report(job)}"
+    lines = [f"rank {s['rank']}: {f['case']}: {f['error']}\n{f['trace']}" for s in ranks for f in s["failed"]]
+    assert not lines, f"{len(lines)} failing cases over {world} ranks:\n" + "\n".join(lines[:12])
+    assert job.returncode == 0, job_report(job)
+    passed = ranks[0]["passed"]
+    assert any(p.startswith("fusion_off/") for p in passed) and any(p.startswith("fusion_default/") for p in passed)
+    print(f"torch x {world}: {len(passed)} cases passed on every rank; sections {ranks[0]['sections']}")
