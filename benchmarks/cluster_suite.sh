@@ -41,7 +41,7 @@ if has b; then
 fi
 if has c; then
   "${CLUSTER[@]}" up --hosts 2 --ranks-per-host 2 --link 1gbit --replace
-  run c_2x2_1gbit --cluster --transport torch --compare native \
+  run c_2x2_1gbit --cluster -np 4 --transport torch --compare native \
       --algorithms ring,hierarchical,halving_doubling,torus -b 64K -e 256M -f 4 --link-rate 1gbit \
       --plot "$R/c_2x2_1gbit.png" --title "(c) 2 hosts x 2 ranks, 1 Gbit/s"
 fi
