@@ -14,11 +14,11 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[mpi,test]'
+	$(PY) -m pip install -q -e '.[mpi,test,examples]'
 	touch $@
 
 demo: setup
-	$(VENV)/bin/ringlet run -np 4 -- $(PY) examples/demo_allreduce.py
+	$(VENV)/bin/ringlet demo
 
 test: setup
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
