@@ -45,20 +45,29 @@ def cluster_cli() -> None:
 
 def _run_foreground(command: tuple[str, ...]) -> int:
     """Run ``command`` in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to it once."""
-    try:
-        child = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
-    except OSError as exc:
-        _echo(f"cannot start {command[0]!r}: {exc}")
-        return 127
+    child: subprocess.Popen | None = None
+    early: list[int] = []
 
     def forward(signum, _frame):
+        if child is None:  # arrived while the child was being started: deliver it once it exists
+            early.append(signum)
+            return
         try:
             os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
 
+    # Handlers first: a Ctrl-C between the start of the child and their installation would otherwise
+    # stop only us and leave the child (in its own process group) running.
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        try:
+            child = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
+        except OSError as exc:
+            _echo(f"cannot start {command[0]!r}: {exc}")
+            return 127
+        for signum in early[:1]:
+            forward(signum, None)
         while True:
             try:
                 rc = child.wait()
