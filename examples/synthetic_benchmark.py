@@ -106,6 +106,9 @@ def main():
     sum_(total)
     log(f"img/s per rank: {mean:.1f} +- {spread:.1f} (rank 0)")
     log(f"total img/s on {size} ranks: {total.item():.1f}")
+    # Drop the model (stock DDP's reducer holds the process group) before the group: freed the other way
+    # round at exit, torch's Gloo teardown can deadlock on the GIL.
+    del model, optimizer, step
     finish()
 
 

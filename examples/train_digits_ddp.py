@@ -90,6 +90,9 @@ def main():
         print(f"test accuracy: {right / seen:.4f}  throughput: {samples / seconds:.1f} samples/s  "
               f"({world} ranks, {args.epochs} epochs, {seconds:.2f} s)")
     if args.stock:
+        # Drop DDP (its reducer holds the process group) before the group: freed the other way round at
+        # exit, torch's Gloo teardown can deadlock on the GIL.
+        del model, optimizer
         dist.destroy_process_group()
     else:
         ringlet.shutdown()

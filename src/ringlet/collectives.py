@@ -203,9 +203,19 @@ def _digest_agrees(rt: Runtime, g: Group, rec: list[int]) -> bool:
     return int(buf[0]) == -int(buf[1])
 
 
+def _digest_in_step(rt: Runtime, g: Group, rec: list[int]) -> None:
+    """Collectives that exchange sizes anyway (all-gather, all-to-all) still take part in the digest
+    all-reduce every checked collective starts with on ``native_small`` transports: a rank calling
+    all-gather while another calls all-reduce then meets it in the same backend call and both reach
+    the record exchange, where the mismatch is reported, instead of waiting in different channels.
+    The ragged parts (first dimension, element count) are zeroed: they may differ."""
+    if rt.options.check and rt.transport.native_small:
+        _digest_agrees(rt, g, rec[:6] + [0, 0] + rec[8:])
+
+
 def _checked(rt: Runtime, g: Group, grank: int, tag: int, rec: list[int], *, ragged_dim0: bool = False):
     """Exchange metadata records and raise :class:`MismatchError` on every rank if they disagree."""
-    if not ragged_dim0 and rt.transport.native_small and _digest_agrees(rt, g, rec):
+    if rt.transport.native_small and _digest_agrees(rt, g, rec):
         return None
     # Every member saw the same digest result, so either all of them get here or none does.
     metas = exchange(rt, g, grank, tag, rec)
@@ -370,6 +380,7 @@ def _run_allgather(rt, g, grank, tensor) -> torch.Tensor:
     tag = rt.next_tag(g)
     rec = _meta_record(ALLGATHER, tensor)
     if g.size > 1:
+        _digest_in_step(rt, g, rec)
         metas = exchange(rt, g, grank, tag, rec)
         if rt.options.check:
             _verify(metas, g, ragged_dim0=True)
@@ -463,6 +474,7 @@ def _run_alltoall(rt, g, grank, tensor, splits) -> tuple[torch.Tensor, list[int]
         int(torch.tensor(tensor.shape[1:]).prod().item()) if tensor.dim() > 1 else 1)
     if p > 1:
         rec = _meta_record(ALLTOALL, tensor) + list(splits)
+        _digest_in_step(rt, g, rec[:_META_LEN])
         metas = exchange(rt, g, grank, tag, rec)
         if rt.options.check:
             _verify(metas[:, :_META_LEN], g, ragged_dim0=True)

@@ -53,6 +53,9 @@ def mismatch_checks(r: int, p: int) -> dict:
     expect_mismatch("op", lambda: ringlet.allreduce(torch.ones(4), op="sum" if r == 0 else "max"), res)
     expect_mismatch("allgather trailing dims", lambda: ringlet.allgather(torch.ones(2, 3 if r == 0 else 4)), res)
     expect_mismatch("broadcast root", lambda: ringlet.broadcast(torch.ones(3), 0 if r == 0 else p - 1), res)
+    # Different collectives on different ranks (all-gather exchanges sizes its own way): still a clear error.
+    expect_mismatch("collective kind", lambda: ringlet.allgather(torch.ones(2, 3)) if r == 0
+                    else ringlet.allreduce(torch.ones(2, 3)), res)
     return res
 
 

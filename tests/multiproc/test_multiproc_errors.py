@@ -59,7 +59,7 @@ def test_env_mismatch_and_dead_peer(transport, hosts, tmp_path):
             for k, v in want.items():
                 if s["env"].get(k) != str(v):
                     problems.append(f"rank {r}: {k}={s['env'].get(k)!r}, want {v!r}")
-        for name in ("shape", "dtype", "op", "allgather trailing dims", "broadcast root"):
+        for name in ("shape", "dtype", "op", "allgather trailing dims", "broadcast root", "collective kind"):
             if s["mismatch"][name] != "MismatchError":
                 problems.append(f"rank {r}: {name} mismatch gave {s['mismatch'][name]}")
             if s["mismatch"][name + " then"] != "ok":
