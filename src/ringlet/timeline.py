@@ -94,20 +94,15 @@ class Timeline:
     # ---- public ----------------------------------------------------------------------------------
     def span(self, track: str, phase: str, start_us: float, end_us: float, args: dict | None = None) -> None:
         """Record that ``track`` (usually a tensor name) spent ``[start_us, end_us]`` in ``phase``."""
-        ev: dict[str, Any] = {"name": phase, "cat": phase, "ph": "X", "ts": round(start_us, 3),
-                              "dur": round(max(0.0, end_us - start_us), 3), "pid": self.rank}
-        if args:
-            ev["args"] = args
-        with self._lock:
-            if self._closed:
-                return
-            ev["tid"] = self._tid(track)
-            self._emit(ev)
+        self._record(track, {"name": phase, "cat": phase, "ph": "X", "ts": round(start_us, 3),
+                             "dur": round(max(0.0, end_us - start_us), 3), "pid": self.rank}, args)
 
     def instant(self, track: str, name: str, args: dict | None = None, ts_us: float | None = None) -> None:
         """Record a point event ``name`` on ``track`` (now, unless ``ts_us`` is given)."""
-        ev: dict[str, Any] = {"name": name, "ph": "i", "s": "p", "pid": self.rank,
-                              "ts": round(now_us() if ts_us is None else ts_us, 3)}
+        self._record(track, {"name": name, "ph": "i", "s": "p", "pid": self.rank,
+                             "ts": round(now_us() if ts_us is None else ts_us, 3)}, args)
+
+    def _record(self, track: str, ev: dict[str, Any], args: dict | None) -> None:
         if args:
             ev["args"] = args
         with self._lock:
