@@ -104,6 +104,8 @@ def main():
     spread = 1.96 * (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     total = torch.tensor([mean], dtype=torch.float64)
     sum_(total)
+    if args.mode == "ddp":
+        log(f"all-reduce algorithm in use: {model.algorithm}")
     log(f"img/s per rank: {mean:.1f} +- {spread:.1f} (rank 0)")
     log(f"total img/s on {size} ranks: {total.item():.1f}")
     # Drop the model (stock DDP's reducer holds the process group) before the group: freed the other way

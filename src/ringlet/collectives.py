@@ -235,7 +235,7 @@ def scale_(t: torch.Tensor, factor: float) -> torch.Tensor:
 
 # ---- all-reduce ---------------------------------------------------------------------------------
 def _run_allreduce(rt: Runtime, g: Group, grank: int, buf: torch.Tensor, op: ReduceOp, algo: str,
-                   pre: float, post: float) -> torch.Tensor:
+                   pre: float, post: float, check: bool) -> torch.Tensor:
     tag = rt.next_tag(g)
     flat = buf.view(-1)
     nbytes = flat.numel() * flat.element_size()
@@ -245,7 +245,7 @@ def _run_allreduce(rt: Runtime, g: Group, grank: int, buf: torch.Tensor, op: Red
             algo_used = algorithms.NATIVE  # falls back to the schedule below if the backend declines the dtype
     else:
         algo_used = algo
-    if rt.options.check and g.size > 1:
+    if check and g.size > 1:
         _checked(rt, g, grank, tag, _meta_record(ALLREDUCE, buf, op, -1, algo, pre, post))
     scale_(flat, pre)
     if g.size > 1 and flat.numel() > 0:
@@ -263,8 +263,10 @@ def _run_allreduce(rt: Runtime, g: Group, grank: int, buf: torch.Tensor, op: Red
     return buf
 
 
-def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, *, inplace, sync) -> Work:
+def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, *, inplace, sync,
+                      check: bool | None = None) -> Work:
     rt = runtime()
+    check = rt.options.check if check is None else bool(check)
     _check_tensor(tensor)
     op = ReduceOp.parse(op)
     if op == ReduceOp.ADASUM:
@@ -272,42 +274,47 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     g, grank = _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
     buf = tensor if inplace else tensor.clone()
-    return rt.submit(lambda: _run_allreduce(rt, g, grank, buf, op, algo, prescale_factor, postscale_factor),
+    return rt.submit(lambda: _run_allreduce(rt, g, grank, buf, op, algo, prescale_factor, postscale_factor, check),
                      sync=sync)
 
 
 def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", group: Group | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, *, check: bool | None = None) -> torch.Tensor:
     """Return ``postscale * reduce_op(prescale * tensor over all ranks of group)``.
 
     ``op``: sum, avg (sum then divide by the group size), min, max, product. Integer tensors are
     scaled in float64 and truncated toward zero (so an integer average truncates). ``algorithm``
     names one of :func:`ringlet.algorithms.allreduce_names` or ``"auto"``; ``RINGLET_ALGORITHM``
     overrides ``"auto"``. The input is not modified.
+
+    ``check``: compare shape, dtype, op, algorithm and scale factors across ranks before data moves
+    (default: ``RINGLET_CHECK``, on). ``False`` saves that exchange when the caller already knows the
+    ranks agree, e.g. a layout validated once and then reused; a mismatch then gives wrong results or a
+    timeout instead of a :class:`MismatchError`.
     """
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=True).wait()
+                             inplace=False, sync=True, check=check).wait()
 
 
 def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-                    postscale_factor=1.0) -> Work:
+                    postscale_factor=1.0, *, check: bool | None = None) -> Work:
     """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=False)
+                             inplace=False, sync=False, check=check)
 
 
 def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-               postscale_factor=1.0) -> torch.Tensor:
+               postscale_factor=1.0, *, check: bool | None = None) -> torch.Tensor:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=True).wait()
+                             inplace=True, sync=True, check=check).wait()
 
 
 def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-                     postscale_factor=1.0) -> Work:
+                     postscale_factor=1.0, *, check: bool | None = None) -> Work:
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until the handle completes."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=False)
+                             inplace=True, sync=False, check=check)
 
 
 # ---- broadcast and reduce -----------------------------------------------------------------------

@@ -126,6 +126,35 @@ def case_equiv(rank, world, bucket_cap_mb, expect_buckets):
     return run
 
 
+def case_tuned_algorithm(rank, world):
+    """algorithm="auto" on 3+ ranks tries auto and direct over the first steps, then all ranks keep the same
+    one; training stays equivalent to one process throughout. On 2 ranks there is nothing to choose."""
+    def run(numbers):
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+        seen = []
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        for s in range(12):
+            seen.append(ddp.algorithm)
+            opt.zero_grad()
+            x, y = batch(s, world, 0)
+            F.mse_loss(ddp(mine(x, rank), s), mine(y, rank)).backward()
+            opt.step()
+        d = maxdiff(model, reference(12, world))
+        check(d <= TOL, f"max |ddp - single process| = {d} (algorithms used: {seen})")
+        if world >= 3:
+            check({"auto", "direct"} <= set(seen), f"no trial of both candidates: {seen}")
+            check(ddp._tuner.decision is not None, "no decision after 12 steps")
+            mine_ = torch.tensor([seen[-1] == "direct"], dtype=torch.int32)
+            agree = ringlet.allgather(mine_)
+            check(len(set(agree.tolist())) == 1, f"ranks chose differently: {agree.tolist()}")
+        else:
+            check(set(seen) == {"auto"}, f"tuning on 2 ranks: {seen}")
+        numbers["tuned_algorithm"] = seen[-1]
+        check(DistributedDataParallel(base_model(), algorithm="ring").algorithm == "ring", "explicit algorithm lost")
+    return run
+
+
 def case_accumulation(rank, world):
     def run(numbers):
         model = base_model()
@@ -314,6 +343,7 @@ def main() -> int:
     cases = [
         ("equiv_many_buckets", case_equiv(rank, world, 0.0002, lambda n: n > 2)),
         ("equiv_one_bucket", case_equiv(rank, world, 25, lambda n: n == 1)),
+        ("tuned_algorithm", case_tuned_algorithm(rank, world)),
         ("accumulation_no_sync", case_accumulation(rank, world)),
         ("find_unused_parameters", case_unused(rank, world)),
         ("partial_use", case_partial_use(rank, world)),

@@ -18,6 +18,7 @@ ALLREDUCE: dict[str, AllreduceBuilder] = {
     "tree": lambda p, n, host_of: tree.allreduce(p, n),
     "halving_doubling": lambda p, n, host_of: halving_doubling.allreduce(p, n),
     "recursive_doubling": lambda p, n, host_of: recursive_doubling.allreduce(p, n),
+    "direct": lambda p, n, host_of: direct.allreduce(p, n),
     "torus": lambda p, n, host_of: torus.allreduce(p, n, tuple(host_of)),
     "hierarchical": lambda p, n, host_of: hierarchical.allreduce(p, n, tuple(host_of)),
 }
@@ -34,6 +35,7 @@ ALIASES = {
     "dbtree": "tree",
     "2d_torus": "torus",
     "hier": "hierarchical",
+    "two_shot": "direct",
 }
 
 

@@ -22,7 +22,7 @@ a free local port when the first entry is this machine, else 29500). Entries nam
 (localhost, 127.x, its hostname) run as local subprocesses; the others start through the remote
 shell ``--rsh`` (default ``ssh``), called as ``RSH... HOST 'cd CWD && exec env RINGLET_...=... PYTHON -m
 ringlet.cli.main run --node-rank I ...'``: the same Python path and working directory must exist there,
-and only ``RINGLET_*`` variables travel. Stopping the job stops the rsh clients; with ssh use
+and only ``RINGLET_*`` and ``HOROVOD_*`` variables travel. Stopping the job stops the rsh clients; with ssh use
 ``--rsh "ssh -tt"`` so that the remote side sees the hangup. Several entries on this machine act as
 separate hosts (each rank gets its entry's name as ``RINGLET_HOSTNAME``), which is how hierarchical
 algorithms run on one box. Design note for ``ringlet cluster`` (network namespaces as hosts): it
@@ -272,7 +272,9 @@ def _run_multi_host(cfg: RunConfig, hosts) -> int:
     addr = cfg.master_addr or ("127.0.0.1" if all_local else hosts[0][0])
     endpoint = f"{addr}:{port}"
     run_id = uuid.uuid4().hex
-    fwd_env = {k: v for k, v in os.environ.items() if k.startswith("RINGLET_")}
+    # Horovod scripts are tuned with HOROVOD_* (cycle time, fusion threshold, timeline): those travel too;
+    # the per-rank layout names among them are set again by each rank's shim.
+    fwd_env = {k: v for k, v in os.environ.items() if k.startswith(("RINGLET_", "HOROVOD_"))}
     fwd_env.update(cfg.extra_env)
     fwd_env["RINGLET_TRANSPORT"] = cfg.transport
     procs = []
@@ -350,11 +352,17 @@ def _run_mpi(cfg: RunConfig) -> int:
 # ---- entry points -------------------------------------------------------------------------------
 def run(command, np: int | None = None, *, transport: str = "torch", hosts=None, rsh: str = "ssh",
         port: int | None = None, master_addr: str | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-        run_id: str | None = None, env: dict | None = None, cluster: bool = False) -> int:
+        run_id: str | None = None, env: dict | None = None, cluster: bool = False, elastic: bool = False,
+        min_np: int | None = None, max_np: int | None = None, restarts: int = 0,
+        elastic_timeout: float = 600.0) -> int:
     """Run ``command`` (argv list) as ``np`` ranks; return the job's exit status (0 when every rank succeeded,
     else the status of the rank that failed first). ``hosts``: ``"h1:4,h2:4"`` or ``[("h1", 4), ...]``.
     ``env``: extra variables for every rank. ``cluster``: run on the emulated hosts of ``ringlet cluster up``
-    (sets ``hosts``, ``rsh`` and ``master_addr``). Callable from Python; ``ringlet run`` is a thin wrapper."""
+    (sets ``hosts``, ``rsh`` and ``master_addr``). ``elastic``: survive dead workers while at least ``min_np``
+    (default ``np``) remain, start up to ``restarts`` replacements, at most ``max_np`` ranks (see
+    :mod:`ringlet.elastic.driver`). Callable from Python; ``ringlet run`` is a thin wrapper."""
+    if elastic:
+        return _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, elastic_timeout)
     if cluster and node_rank is None:
         from ..cluster import ClusterError, run_options
 
@@ -392,6 +400,24 @@ def run(command, np: int | None = None, *, transport: str = "torch", hosts=None,
     return _run_torch(cfg)
 
 
+def _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, timeout) -> int:
+    from ..elastic.driver import ElasticConfig, run_elastic
+
+    if transport.strip().lower() != "torch":
+        raise LaunchError(f"--elastic needs --transport torch (Gloo reports dead peers; {transport} does not "
+                          "support changing membership).")
+    if hosts or cluster:
+        raise LaunchError("--elastic runs on this host only (no --hosts / --cluster yet).")
+    if np is None:
+        raise LaunchError("Give the initial number of ranks with -np N.")
+    try:
+        cfg = ElasticConfig(tuple(command), np, np if min_np is None else min_np,
+                            np if max_np is None else max_np, restarts, timeout, dict(env or {}))
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    return run_elastic(cfg)
+
+
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-np", "--np", "np", type=int, default=None, help="Number of ranks (default: all --hosts slots).")
 @click.option("-H", "--hosts", default=None, help="Host list NAME:SLOTS,... (default: this machine only).")
@@ -403,11 +429,22 @@ def run(command, np: int | None = None, *, transport: str = "torch", hosts=None,
               help="Address the other hosts reach the first host at (default: the first host's name).")
 @click.option("--cluster", is_flag=True,
               help="Run on the emulated hosts of `ringlet cluster up` (one node launcher per host).")
+@click.option("--elastic", is_flag=True,
+              help="Keep going when workers die (hvd.elastic scripts): see --min-np, --max-np, --restarts.")
+@click.option("--min-np", type=int, default=None, help="--elastic: fewest ranks the job continues with (default -np).")
+@click.option("--max-np", type=int, default=None, help="--elastic: most ranks at a time (default -np).")
+@click.option("--restarts", type=int, default=0, show_default=True,
+              help="--elastic: replacement workers started for workers that die.")
+@click.option("--elastic-timeout", type=float, default=600.0, show_default=True,
+              help="--elastic: seconds a new membership may take to assemble before absent workers are stopped.")
 @click.option("--node-rank", type=int, default=None, hidden=True)
 @click.option("--rdzv-endpoint", default=None, hidden=True)
 @click.option("--run-id", default=None, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, node_rank, rdzv_endpoint, run_id, command):
+def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_np, max_np, restarts, elastic_timeout,
+            node_rank, rdzv_endpoint, run_id, command):
     """Run COMMAND as NP ranks: ringlet run -np 4 [--transport torch|mpi|shm] -- python train.py ARGS..."""
     sys.exit(run(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
-                 node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id, cluster=cluster))
+                 node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id, cluster=cluster,
+                 elastic=elastic, min_np=min_np, max_np=max_np, restarts=restarts,
+                 elastic_timeout=elastic_timeout))

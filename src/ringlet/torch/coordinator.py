@@ -124,6 +124,10 @@ class Coordinator:
     def _sleep(self) -> None:
         if self._spill or self._stop:
             return
+        if self.ctx.world.size == 1:
+            # Nobody to negotiate with: a round is only needed when something was submitted (or stop).
+            self._wake.wait()
+            return
         if self._idle == 0 or time.monotonic() - self._idle_since < _IDLE_SECONDS_BEFORE_BACKOFF:
             delay = self.cycle - (time.monotonic() - self._last_round)
             if delay > 0:

@@ -7,7 +7,11 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   order of registration (about the order backward produces their gradients), each bucket a flat buffer
   of one dtype; when every gradient of a bucket has been accumulated its buffer goes to ringlet's
   communication thread at once (``allreduce_async_``, op AVG), so later layers' communication overlaps
-  earlier layers' backward. Buckets start in index order on every rank, so ranks agree on the order;
+  earlier layers' backward. Buckets start in index order on every rank, so ranks agree on the order.
+  A bucket's first reduction checks its shape and dtype across ranks; later ones skip that exchange;
+* ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
+  the static choice and ``direct`` in turn and keep the one whose steps were faster on all ranks
+  together (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.algorithm` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages are copied into ``param.grad``;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
@@ -30,17 +34,23 @@ ringlet's core queue (see :class:`Comm`); the coordinator then records the per-b
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-import ringlet
 from ringlet import collectives as _core
 from ringlet import timeline
-from ringlet.group import Group
+from ringlet.tuning import OnlineChoice
 from ringlet.types import ReduceOp
+
+from .comm import Comm, Pending
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DistributedDataParallel", "DDPOptions"]
 
@@ -60,10 +70,11 @@ class DDPOptions:
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
     algorithm: str = "auto"
+    tune: bool = True
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch")
+    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter]):
         self.index = index
@@ -77,106 +88,15 @@ class _Bucket:
         self.pending = len(params)
         self.work: Pending | None = None
         self.t_launch = 0.0
+        # The first reduction with each algorithm checks the bucket's shape, dtype and algorithm across
+        # ranks; the layout never changes afterwards, so later ones skip that exchange (torch DDP, too,
+        # verifies shapes once, at construction).
+        self.validated: set[str] = set()
+        self.algo = ""
 
     def slot(self, i: int) -> torch.Tensor:
         p = self.params[i]
         return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()]
-
-
-class Pending:
-    """An in-flight collective of :class:`Comm`: ``wait()`` returns its result or raises its error;
-    ``span()`` gives (start, end) in timeline microseconds when it was timed."""
-
-    __slots__ = ("_work", "_handle", "_ctx", "_marks")
-
-    def __init__(self, work=None, handle: int | None = None, ctx=None, marks: list | None = None):
-        # The context is kept so that any thread may wait (hvd's synchronize looks it up per thread).
-        self._work, self._handle, self._ctx, self._marks = work, handle, ctx, marks
-
-    def wait(self):
-        if self._handle is not None:
-            return self._ctx.handles.wait(self._handle)
-        return self._work.wait()
-
-    def span(self) -> tuple[float, float] | None:
-        if not self._marks:
-            return None
-        return self._marks[0].wait(), self._marks[1].wait()
-
-
-class Comm:
-    """Where the collectives of DDP and the comm hooks go.
-
-    Normally ringlet's core queue (``allreduce_async_`` / ``broadcast_async_``): ops run in submission
-    order, which is identical on every rank because DDP submits in bucket order. When ``ringlet.torch``
-    is initialised its coordinator also drives that queue, from its own thread, so the interleaving
-    would differ between ranks; then the ops go through the coordinator under fixed names instead
-    (matched by name, so interleaving does not matter), and the coordinator records their timeline phases.
-    """
-
-    def __init__(self, group_or_set=None, algorithm: str = "auto"):
-        self.algorithm = algorithm
-        ctx = _torch_context()
-        self.coordinated = ctx is not None
-        if self.coordinated:
-            from .process_sets import ProcessSet, global_process_set
-
-            if group_or_set is None:
-                self.process_set = global_process_set
-            elif isinstance(group_or_set, ProcessSet):
-                self.process_set = group_or_set
-            elif isinstance(group_or_set, Group) and group_or_set.ranks == tuple(range(ctx.rt.size)):
-                self.process_set = global_process_set
-            else:
-                raise TypeError("With ringlet.torch initialised, pass a ringlet.torch ProcessSet (or None for "
-                                f"the world) as the group, not {type(group_or_set).__name__}.")
-            ranks = self.process_set.ranks
-            self.group = None
-            self.ranks = tuple(ranks)
-        else:
-            self.group = _resolve_group(group_or_set)
-            self.ranks = self.group.ranks if self.group is not None else tuple(range(_core.runtime().size))
-        self.root = self.ranks[0]
-        self.size = len(self.ranks)
-
-    def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
-                   timed: bool = False) -> Pending:
-        """In-place all-reduce of ``t`` (``name`` is used only in coordinated mode)."""
-        if self.coordinated:
-            from . import mpi_ops
-
-            return Pending(handle=mpi_ops.allreduce_async_(t, name=name, op=int(op), prescale_factor=prescale,
-                                                           process_set=self.process_set), ctx=_torch_context())
-        marks = [_stamp()] if timed else None
-        work = ringlet.allreduce_async_(t, op=op, algorithm=self.algorithm, group=self.group,
-                                        prescale_factor=prescale)
-        if timed:
-            marks.append(_stamp())
-        return Pending(work=work, marks=marks)
-
-    def broadcast_(self, t: torch.Tensor, name: str) -> Pending:
-        """In-place broadcast of ``t`` from the group's first rank."""
-        if self.coordinated:
-            from . import mpi_ops
-
-            return Pending(handle=mpi_ops.broadcast_async_(t, self.root, name=name, process_set=self.process_set),
-                           ctx=_torch_context())
-        return Pending(work=ringlet.broadcast_async_(t, self.root, group=self.group))
-
-
-def _torch_context():
-    from .basics import _ctx_or_none
-
-    return _ctx_or_none()
-
-
-def _resolve_group(g) -> Group | None:
-    if g is None or isinstance(g, Group):
-        return g
-    if hasattr(g, "_group") and callable(g._group):  # a ringlet.torch ProcessSet
-        return g._group()
-    raise TypeError(f"process_group must be a ringlet Group or ProcessSet, got {type(g).__name__}; torch "
-                    "ProcessGroups belong to torch's own DistributedDataParallel (see ringlet.torch.hooks).")
 
 
 def assign_buckets(params: list[torch.nn.Parameter], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
@@ -234,7 +154,8 @@ class DistributedDataParallel(torch.nn.Module):
     """Wrap ``module`` so that ``backward()`` leaves the group-average of the gradients in ``param.grad``.
 
     ``process_group`` / ``group``: a :class:`ringlet.Group` or ``ringlet.torch`` ``ProcessSet``
-    (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets. ``device_ids``,
+    (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets; ``tune``: with
+    ``"auto"``, pick between candidates by timing the first training steps (see the module doc). ``device_ids``,
     ``output_device``, ``dim``, ``gradient_as_bucket_view`` and ``static_graph`` are accepted for
     drop-in compatibility and have no effect here. ringlet must be initialised first.
     """
@@ -245,7 +166,7 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
-                 algorithm: str = "auto"):
+                 algorithm: str = "auto", tune: bool = True):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
@@ -254,7 +175,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
         self.options = DDPOptions(float(bucket_cap_mb), float(first), bool(find_unused_parameters),
-                                  bool(broadcast_buffers), algorithm)
+                                  bool(broadcast_buffers), algorithm, bool(tune))
         self.module = module
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
         timeline.configure_from_env(_core.runtime().rank)
@@ -289,6 +210,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._usage_work = None
         self._step_open = False
         self._t_first = self._t_last = 0.0
+        self._tuner = OnlineChoice(self._candidates())
+        self._t_step: float | None = None  # perf_counter at the start of the current step
+        self._step_reduced = False
 
         self._broadcast_state()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
@@ -309,6 +233,7 @@ class DistributedDataParallel(torch.nn.Module):
         if grad and not self._step_open:
             timeline.mark_step()
             self._step_open = True
+            self._step_started()
         if self.options.broadcast_buffers and self._size > 1:
             self._broadcast(list(self.module.buffers()), "buffers")
         tl = timeline.active()
@@ -319,6 +244,11 @@ class DistributedDataParallel(torch.nn.Module):
         if grad:
             self._prepare(out if self.require_backward_grad_sync else None)
         return out
+
+    @property
+    def algorithm(self) -> str:
+        """The all-reduce algorithm the buckets use now (during tuning: the one on trial)."""
+        return self._tuner.current()
 
     @property
     def bucket_layout(self) -> list[list[str]]:
@@ -396,6 +326,37 @@ class DistributedDataParallel(torch.nn.Module):
         b.pending -= 1
         self._launch_ready()
 
+    # ---- choosing the algorithm while training runs ---------------------------------------------------
+    def _candidates(self) -> tuple[str, ...]:
+        algo = self.options.algorithm
+        # The coordinator (ringlet.torch initialised) picks algorithms itself; an explicit algorithm or
+        # RINGLET_ALGORITHM is the user's choice; direct sends p(p-1) messages per step, so small groups only.
+        if (not self.options.tune or algo != "auto" or self._comm.coordinated or os.environ.get("RINGLET_ALGORITHM")
+                or not 3 <= self._size <= 8):
+            return (algo,)
+        return ("auto", "direct")
+
+    def _step_started(self) -> None:
+        """At the first forward of a step: time the previous one (if it reduced) and decide when due."""
+        now = time.perf_counter()
+        if self._t_step is not None and self._step_reduced:
+            self._tuner.record(now - self._t_step)
+            if self._tuner.ready:
+                self._decide()
+        self._t_step = now
+        self._step_reduced = False
+
+    def _decide(self) -> None:
+        # Summed over ranks so that every rank picks from the same numbers (a rank choosing differently
+        # would run a different schedule than its peers).
+        times = torch.tensor(self._tuner.medians(), dtype=torch.float64)
+        self._comm.allreduce_(times, ReduceOp.SUM, f"{self._prefix}.tune").wait()
+        decision = self._tuner.decide(times.tolist())
+        per_rank = {k: round(v / self._size * 1000, 2) for k, v in decision.times.items()}
+        log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
+                 decision.choice, per_rank)
+        timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
+
     def _launch_ready(self) -> None:
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
             self._launch(self._buckets[self._next_launch])
@@ -404,7 +365,10 @@ class DistributedDataParallel(torch.nn.Module):
     def _launch(self, b: _Bucket) -> None:
         timed = timeline.active() is not None
         b.t_launch = timeline.now_us() if timed else 0.0
-        b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed)
+        b.algo = self._tuner.current()
+        b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed,
+                                       check=None if b.algo not in b.validated else False, algorithm=b.algo)
+        self._step_reduced = True
 
     def _finalize(self) -> None:
         """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``."""
@@ -427,6 +391,7 @@ class DistributedDataParallel(torch.nn.Module):
         for b in self._buckets:
             try:
                 b.work.wait()
+                b.validated.add(b.algo)
             except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
                 error = error or exc
         if self._usage_work is not None:
@@ -476,12 +441,6 @@ class DistributedDataParallel(torch.nn.Module):
             tl.span(track, "QUEUE", b.t_launch, start)
             tl.span(track, "COMMUNICATE", start, end,
                     {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
-
-
-def _stamp():
-    """A no-op queued on ringlet's comm thread whose result is the time it ran: placed right before and
-    after a collective, the two stamps bracket its execution (collectives run one at a time in order)."""
-    return _core.runtime().submit(timeline.now_us, sync=False)
 
 
 def _core_initialized() -> bool:

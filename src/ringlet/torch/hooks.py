@@ -29,7 +29,7 @@ from ringlet import collectives as _core
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
-from .ddp import Comm
+from .comm import Comm
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
 

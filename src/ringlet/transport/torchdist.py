@@ -95,10 +95,18 @@ def init_default_group(timeout: float) -> None:
     Re-initialising over the same rendezvous store would otherwise read the previous generation's
     Gloo addresses and connect to dead sockets (seen as hangs or "connection reset" after
     ``shutdown(); init()``). Every rank goes through the same generations, so the prefixes agree.
+    Under ``ringlet run --elastic`` the rank, size and generation come from the driver instead
+    (:func:`ringlet.elastic.rendezvous.join`), with the driver's store under ``ringlet/elastic/<gen>``.
     """
     dist = _dist()
-    store, rank, world = next(dist.rendezvous("env://"))
-    store = dist.PrefixStore(f"ringlet/{_generation}", store)
+    from ..elastic import rendezvous
+
+    if rendezvous.enabled():  # ringlet run --elastic: ranks and store prefix come from the driver's generation
+        a = rendezvous.join()
+        store, rank, world = dist.PrefixStore(f"ringlet/elastic/{a.generation}", rendezvous.store()), a.rank, a.size
+    else:
+        store, rank, world = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"ringlet/{_generation}", store)
     dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout))
 

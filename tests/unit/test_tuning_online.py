@@ -1,0 +1,49 @@
+"""OnlineChoice: round-robin trials after warm-up, then the candidate with the smallest summed median."""
+import pytest
+
+from ringlet.tuning import OnlineChoice
+
+
+def run(choice, times_by_candidate, steps):
+    used = []
+    for _ in range(steps):
+        c = choice.current()
+        used.append(c)
+        choice.record(times_by_candidate[c])
+    return used
+
+
+def test_warmup_then_alternates_then_ready():
+    ch = OnlineChoice(["a", "b"], warmup=2, trials=3)
+    used = run(ch, {"a": 2.0, "b": 1.0}, 8)
+    assert used == ["a", "a", "a", "b", "a", "b", "a", "b"]
+    assert ch.ready and ch.decision is None
+    assert ch.medians() == [2.0, 1.0]
+    d = ch.decide([8.0, 4.0])  # e.g. summed over 4 ranks
+    assert d.choice == "b" and d.times == {"a": 8.0, "b": 4.0}
+    assert not ch.ready and ch.current() == "b"
+    ch.record(100.0)  # after the decision, recording changes nothing
+    assert ch.current() == "b"
+
+
+def test_median_resists_one_outlier_and_ties_go_first():
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=3)
+    for t in (1.0, 1.5, 9.0, 1.5, 1.0, 1.5):  # a: 1, 9, 1 -> median 1; b: 1.5 x3
+        ch.record(t)
+    assert ch.medians() == [1.0, 1.5]
+    assert ch.decide([3.0, 3.0]).choice == "a"
+
+
+def test_single_candidate_is_decided_at_once():
+    ch = OnlineChoice(["ring"])
+    assert ch.decision is not None and ch.current() == "ring" and not ch.ready
+
+
+def test_duplicates_collapse_and_bad_arguments_raise():
+    assert OnlineChoice(["a", "a"]).decision.choice == "a"
+    with pytest.raises(ValueError):
+        OnlineChoice([])
+    with pytest.raises(ValueError):
+        OnlineChoice(["a", "b"], trials=0)
+    with pytest.raises(ValueError):
+        OnlineChoice(["a", "b"]).decide([1.0])
