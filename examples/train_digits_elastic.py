@@ -15,21 +15,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import ringlet.torch as hvd
 
-
-def digits(test_fraction=0.2, seed=0):
-    """(train, test) datasets of 8x8 images scaled to [0, 1]; the split is the same on every rank."""
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x, dtype=torch.float32) / 16.0
-    y = torch.tensor(y)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    n_test = int(len(y) * test_fraction)
-    test, train = order[:n_test], order[n_test:]
-    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+from digits_data import digits  # examples/digits_data.py, beside this script
 
 
 def main():
