@@ -51,6 +51,31 @@ def time_collective(run: Callable[[], object], sync: Callable[[], None], *, iter
     return agree_max(med) if agree_max is not None else med
 
 
+def time_interleaved(runs: dict[str, Callable[[], object]], sync: Callable[[], None], *, iters: int,
+                     warmup: int = 2, blocks: int = 0) -> dict[str, float]:
+    """Time per call of each ``runs[name]()``, like :func:`time_collective`, but with the blocks of
+    all implementations interleaved (A B C A B C ...) and the median taken per implementation.
+
+    On a shared, noisy machine a slow spell then hits every implementation alike instead of
+    whichever happened to run during it, so the ratios between them (what a comparison reports)
+    stay meaningful. ``blocks`` defaults to 5 (3 below 10 iterations, 1 below 3).
+    """
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    blocks = blocks or (5 if iters >= 10 else 3 if iters >= 3 else 1)
+    per = max(1, iters // blocks)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(blocks):
+        for name, run in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(per):
+                run()
+            times[name].append((time.perf_counter() - t0) / per)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def iterations_for(nbytes: int, budget_bytes: int = 1 << 30, lo: int = 3, hi: int = 50) -> int:
     """Fewer iterations for big messages so a sweep stays short."""
     return max(lo, min(hi, budget_bytes // max(1, nbytes)))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import hashlib
 import threading
-import zlib
 from typing import Sequence
 
 import torch
@@ -196,7 +196,10 @@ def _verify(metas: torch.Tensor, g: Group, *, ragged_dim0: bool = False) -> None
 def _digest_agrees(rt: Runtime, g: Group, rec: list[int]) -> bool:
     """One native all-reduce (MAX) of ``[d, -d]`` for a digest ``d`` of the record: True when every member's
     record has the same digest. Costs one tiny backend all-reduce instead of an all-gather of records."""
-    d = zlib.crc32(struct.pack(f"<{len(rec)}q", *rec))
+    # 62 bits: all-gather trusts an agreeing digest for its sizes, so a collision must be negligible;
+    # -d still fits in an int64.
+    d = int.from_bytes(hashlib.blake2b(struct.pack(f"<{len(rec)}q", *rec), digest_size=8).digest(), "little")
+    d &= (1 << 62) - 1
     buf = torch.tensor([d, -d], dtype=torch.int64)
     if not rt.transport.native_allreduce(buf, ReduceOp.MAX, g.ranks):
         return False
@@ -204,18 +207,18 @@ def _digest_agrees(rt: Runtime, g: Group, rec: list[int]) -> bool:
 
 
 def _digest_in_step(rt: Runtime, g: Group, rec: list[int]) -> None:
-    """Collectives that exchange sizes anyway (all-gather, all-to-all) still take part in the digest
-    all-reduce every checked collective starts with on ``native_small`` transports: a rank calling
-    all-gather while another calls all-reduce then meets it in the same backend call and both reach
-    the record exchange, where the mismatch is reported, instead of waiting in different channels.
-    The ragged parts (first dimension, element count) are zeroed: they may differ."""
-    if rt.options.check and rt.transport.native_small:
+    """All-to-all exchanges its splits anyway, but still takes part in the digest all-reduce every
+    checked collective starts with on ``native_digest`` transports: a rank calling all-to-all while
+    another calls all-reduce then meets it in the same backend call and both reach the record
+    exchange, where the mismatch is reported, instead of waiting in different channels. The ragged
+    parts (first dimension, element count) are zeroed: they may differ."""
+    if rt.options.check and rt.transport.native_digest:
         _digest_agrees(rt, g, rec[:6] + [0, 0] + rec[8:])
 
 
 def _checked(rt: Runtime, g: Group, grank: int, tag: int, rec: list[int], *, ragged_dim0: bool = False):
     """Exchange metadata records and raise :class:`MismatchError` on every rank if they disagree."""
-    if rt.transport.native_small and _digest_agrees(rt, g, rec):
+    if rt.transport.native_digest and _digest_agrees(rt, g, rec):
         return None
     # Every member saw the same digest result, so either all of them get here or none does.
     metas = exchange(rt, g, grank, tag, rec)
@@ -386,8 +389,11 @@ def reduce_async_(tensor, root_rank, op=ReduceOp.SUM, group=None) -> Work:
 def _run_allgather(rt, g, grank, tensor) -> torch.Tensor:
     tag = rt.next_tag(g)
     rec = _meta_record(ALLGATHER, tensor)
-    if g.size > 1:
-        _digest_in_step(rt, g, rec)
+    if g.size > 1 and rt.transport.native_digest and _digest_agrees(rt, g, rec):
+        # Every member's record equals this one, first dimension included: nothing to exchange.
+        dim0s = [tensor.shape[0] if tensor.dim() else 1] * g.size
+    elif g.size > 1:
+        # Ragged (or mismatched): every member got here, as the digest result is the same everywhere.
         metas = exchange(rt, g, grank, tag, rec)
         if rt.options.check:
             _verify(metas, g, ragged_dim0=True)

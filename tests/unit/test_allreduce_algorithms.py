@@ -90,29 +90,32 @@ def test_bitwise_identical_on_every_rank(algo, p):
 
 
 # ---- the executor on the schedules directly ------------------------------------------------------
-def run_schedule(sched, inputs, op, segment_bytes=1 << 20):
-    """Execute ``sched`` over a fresh in-process world; ``inputs`` are per-rank flat tensors (cloned)."""
+def run_schedule(sched, inputs, op, segment_bytes=1 << 20, lazy=False):
+    """Execute ``sched`` over a fresh in-process world; ``inputs`` are per-rank flat tensors (cloned).
+    ``lazy``: sends are read when waited for, as on a zero-copy transport (buffer hazards show)."""
     bufs = [t.clone() for t in inputs]
 
     def body(tr):
         executor.execute(sched, tr.rank, tr, (bufs[tr.rank],), int(op), segment_bytes=segment_bytes, timeout=20)
 
-    InprocWorld(len(inputs)).run(body)
+    InprocWorld(len(inputs), lazy=lazy).run(body)
     return bufs
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("segment_bytes,counts", [(8, (1, 7, 33)), (120, (100, 257))])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_executor_pipelined_segments(algo, segment_bytes, counts):
+def test_executor_pipelined_segments(algo, segment_bytes, counts, lazy):
     """Tiny segments make every transfer many messages: the pipelined executor must still equal the
-    step-by-step meaning of the schedule, for every world size and awkward counts."""
+    step-by-step meaning of the schedule, for every world size and awkward counts. With lazy sends a
+    buffer range overwritten while a send of it is still unread gives wrong data."""
     for p in WORLDS:
         for i, count in enumerate(counts):
             for op in (ReduceOp.SUM, (ReduceOp.MAX, ReduceOp.PRODUCT)[i % 2]):
                 inputs = [make_input(r, count, torch.float64, op) for r in range(p)]
                 sched = algorithms.ALLREDUCE[algo](p, count, tuple(r // 2 for r in range(p)))
-                got = run_schedule(sched, inputs, op, segment_bytes)
-                _check(got, inputs, op, f"{algo} p={p} n={count} seg={segment_bytes} {op.name}")
+                got = run_schedule(sched, inputs, op, segment_bytes, lazy)
+                _check(got, inputs, op, f"{algo} p={p} n={count} seg={segment_bytes} {op.name} lazy={lazy}")
 
 
 HOST_LAYOUTS = [(0, 0, 1, 1), (0, 0, 0, 1, 1, 1), (0, 1, 0, 1), (0, 0, 0, 1), (0, 1, 1, 1, 2),
@@ -132,3 +135,79 @@ def test_host_layouts(algo, host_of):
             simulated = [b[0] for b in simulate(sched, [(t,) for t in inputs], op)]
             _check(simulated, inputs, op, label + " (simulated)")
             _check(run_schedule(sched, inputs, op, segment_bytes=256), inputs, op, label)
+            _check(run_schedule(sched, inputs, op, segment_bytes=256, lazy=True), inputs, op, label + " (lazy)")
+
+
+# ---- when a copy-receive may land in place ---------------------------------------------------------
+def _hand_schedule(steps):
+    from ringlet.algorithms.schedule import ScheduleBuilder
+
+    b = ScheduleBuilder("hand", 3)
+    for step in steps:
+        b.new_step()
+        for src, dst, off, cnt, red in step:
+            b.add(src, dst, off, cnt, reduce=red)
+    return b.build()
+
+
+N = 6
+DIRECT_CASES = {
+    # rank 0 sends [0, N) to 1 and receives [0, N) from 2 in the same step: the send must be read first.
+    "same_step_send": ([[(0, 1, 0, N, False), (2, 0, 0, N, False)]], False),
+    # the send of step 0 goes to rank 1, the receive of step 1 comes from rank 2, which does not wait for it.
+    "older_send_other_peer": ([[(0, 1, 0, N, False)], [(2, 0, 0, N, False)]], False),
+    # rank 1 reduces what rank 0 sent and sends the result back: the reply implies the send was read.
+    "reply_from_same_peer": ([[(0, 1, 0, N, True)], [(1, 0, 0, N, False)]], True),
+    # rank 1 replies with a range rank 0's data did not land in: no such guarantee.
+    "unrelated_reply": ([[(0, 1, 0, N // 2, True)], [(1, 0, 0, N, False)]], False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIRECT_CASES))
+def test_copy_receives_land_in_place_only_when_safe(case):
+    steps, expect_direct = DIRECT_CASES[case]
+    sched = _hand_schedule(steps)
+    plan = executor.compile_plan(sched, 0, 1 << 20)
+    recv = [m for m in plan.msgs if not m.is_send and not m.reduce]
+    assert recv and all(m.direct == expect_direct for m in recv), (case, recv)
+    inputs = [torch.arange(N, dtype=torch.float64) * 10 + r for r in range(3)]
+    expected = [b[0] for b in simulate(sched, [(t,) for t in inputs], ReduceOp.SUM)]
+    for lazy in (False, True):
+        got = run_schedule(sched, inputs, ReduceOp.SUM, lazy=lazy)
+        for r in range(3):
+            assert torch.equal(got[r], expected[r]), (case, lazy, r)
+
+
+@pytest.mark.parametrize("algo", ["ring", "halving_doubling", "direct"])
+def test_allreduce_all_gather_halves_receive_in_place(algo):
+    """The reduced chunks come back from the rank they were sent to, so no all-gather receive of
+    these all-reduces goes through scratch (a copy of up to the whole buffer per call, measured)."""
+    for p in (3, 4, 5, 8):
+        sched = algorithms.ALLREDUCE[algo](p, 1 << 16, (0,) * p)
+        for rank in range(p):
+            plan = executor.compile_plan(sched, rank, 1 << 12)
+            assert all(m.direct for m in plan.msgs if not m.is_send and not m.reduce), (algo, p, rank)
+
+
+def test_lazy_inproc_reads_send_buffers_late():
+    """What makes the lazy mode a hazard detector: a send carries the buffer as it is at the first wait."""
+    import threading
+
+    def body(tr, filled):
+        buf = torch.zeros(3)
+        if tr.rank == 0:
+            h = tr.isend(buf, 1, 7)
+            buf.fill_(5.0)  # after posting, before anyone waited
+            filled.set()
+            h.wait(5)
+            return None
+        out = torch.empty(3)
+        h = tr.irecv(out, 0, 7)
+        filled.wait(5)
+        h.wait(5)
+        return out
+
+    for lazy, value in ((True, 5.0), (False, 0.0)):
+        filled = threading.Event()
+        got = InprocWorld(2, lazy=lazy).run(lambda tr: body(tr, filled))[1]
+        assert torch.equal(got, torch.full((3,), value)), lazy

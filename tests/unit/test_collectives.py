@@ -24,7 +24,8 @@ def assert_all_equal(got, expected, label=""):
 
 
 @pytest.mark.parametrize("p", WORLDS)
-def test_broadcast_every_root(p):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_broadcast_every_root(p, lazy):
     cases = [(dtype, shape, root) for dtype in (torch.bfloat16, torch.int64) for shape in ((3, 5), (0,), ())
              for root in range(p)]
     inputs = {c: [make_input(r, torch.Size(c[1]).numel(), c[0], seed=c[2]).reshape(c[1]) for r in range(p)]
@@ -41,7 +42,7 @@ def test_broadcast_every_root(p):
             outs.append(inplace)
         return outs
 
-    res = run_world(p, fn)
+    res = run_world(p, fn, lazy=lazy)
     for i, c in enumerate(cases):
         expected = reference.broadcast(inputs[c], c[2])
         assert_all_equal([res[r][2 * i] for r in range(p)], expected, f"broadcast {c}")
@@ -49,7 +50,8 @@ def test_broadcast_every_root(p):
 
 
 @pytest.mark.parametrize("p", WORLDS)
-def test_reduce_every_root_and_op(p):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_reduce_every_root_and_op(p, lazy):
     cases = [(op, root) for op in OPS for root in range(p)]
     inputs = {c: [make_input(r, 10, torch.int32, c[0], seed=c[1]).reshape(2, 5) for r in range(p)] for c in cases}
 
@@ -63,7 +65,7 @@ def test_reduce_every_root_and_op(p):
             outs.append(buf)
         return outs
 
-    res = run_world(p, fn)
+    res = run_world(p, fn, lazy=lazy)
     for i, (op, root) in enumerate(cases):
         expected = reference.reduce_to_root(inputs[(op, root)], root, op)
         assert torch.equal(res[root][2 * i], expected[root]), f"reduce {op.name} root {root}"
@@ -78,7 +80,8 @@ def test_reduce_returns_input_on_non_roots(p):
 
 
 @pytest.mark.parametrize("p", WORLDS)
-def test_allgather_ragged(p):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_allgather_ragged(p, lazy):
     layouts = {
         "ragged": [(r * 2) % 3 for r in range(p)],  # zeros on some ranks
         "all_zero": [0] * p,
@@ -95,7 +98,7 @@ def test_allgather_ragged(p):
         outs.append(ringlet.allgather_async(inputs["ragged"][rank]).wait())
         return outs
 
-    res = run_world(p, fn)
+    res = run_world(p, fn, lazy=lazy)
     for i, name in enumerate(names):
         ins = inputs[name]
         expected = reference.allgather(ins)
@@ -111,7 +114,8 @@ def test_allgather_scalars_are_one_row_each(p):
 
 
 @pytest.mark.parametrize("p", WORLDS)
-def test_reduce_scatter_horovod_split(p):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_reduce_scatter_horovod_split(p, lazy):
     cases = [(rows, op) for rows in (1, p, 2 * p + 1, 7) for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX)]
     inputs = {c: [make_input(r, c[0] * 3, torch.float64, c[1], seed=c[0]).reshape(c[0], 3) for r in range(p)]
               for c in cases}
@@ -121,7 +125,7 @@ def test_reduce_scatter_horovod_split(p):
         outs.append(ringlet.reduce_scatter_async(inputs[cases[0]][rank], op=cases[0][1]).wait())
         return outs
 
-    res = run_world(p, fn)
+    res = run_world(p, fn, lazy=lazy)
     for i, (rows, op) in enumerate(cases):
         expected = reference.reduce_scatter(inputs[(rows, op)], op)
         assert [e.shape[0] for e in expected] == [rows // p + (r < rows % p) for r in range(p)]
@@ -130,7 +134,8 @@ def test_reduce_scatter_horovod_split(p):
 
 
 @pytest.mark.parametrize("p", WORLDS)
-def test_alltoall_with_splits(p):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_alltoall_with_splits(p, lazy):
     splits = [[(r + 2 * d) % 3 for d in range(p)] for r in range(p)]  # includes zeros
     inputs = [make_input(r, sum(splits[r]) * 2, torch.int32).reshape(-1, 2) for r in range(p)]
     even = [make_input(r, 2 * p, torch.float32, seed=1) for r in range(p)]
@@ -141,7 +146,7 @@ def test_alltoall_with_splits(p):
         out3, recv3 = ringlet.alltoall_async(inputs[rank], splits=torch.tensor(splits[rank])).wait()
         return out, recv, out2, recv2, out3, recv3
 
-    res = run_world(p, fn)
+    res = run_world(p, fn, lazy=lazy)
     expected = reference.alltoall(inputs, splits)
     assert_all_equal([x[0] for x in res], expected, "alltoall")
     assert_all_equal([x[4] for x in res], expected, "alltoall_async")

@@ -76,23 +76,45 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
         if t.dst == rank:
             recvs[s].append((t.src, t.dst_buf, t.recv_offset, t.count, t.reduce))
 
+    by_step = [list(step) for step in schedule.steps]
+
+    def answers(s: int, peer: int, sd: tuple) -> bool:
+        """True when ``peer``'s step-``s`` message to ``rank`` can only start after ``peer`` has fully
+        received ``rank``'s step ``s-1`` send ``sd``: ``peer`` forwards the very range ``sd`` landed in.
+
+        In this executor a send of step ``s`` is posted only once every received segment of step
+        ``s-1`` overlapping it has been applied, so the reply is causally after the last byte of
+        ``sd`` left this rank's buffer, whatever the transport (this is what lets the all-gather
+        half of an all-reduce receive in place: the reduced chunk comes back from the rank it was
+        sent to)."""
+        back = [t for t in by_step[s] if t.src == peer and t.dst == rank]
+        mine = [t for t in by_step[s - 1] if t.src == rank and t.dst == peer
+                and (t.src_buf, t.offset, t.count) == (sd[1], sd[2], sd[3])]
+        if not back or not mine or any(t.recv_offset != t.offset for t in back + mine):
+            return False
+        t_in = mine[0]
+        return all(t.src_buf == t_in.dst_buf and t_in.offset <= t.offset
+                   and t.offset + t.count <= t_in.offset + t_in.count for t in back
+                   if _overlap(t.dst_buf, t.offset, t.count, sd[1], sd[2], sd[3]))
+
     # A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else touches
-    # that range while it is in flight: no other receive writes it, and no send of the steps that
-    # may be in flight with it (s-1 and s: it is posted one step ahead) reads it. Older sends of
-    # the range are waited for before the receive is posted (long finished in practice: in a ring
-    # all-reduce they belong to the reduce-scatter phase).
+    # that range while it is in flight. It is posted one step ahead and waited for in its own step,
+    # so in flight with it are: receives of steps s-1..s+1, and sends of steps s-1 and s. A send of
+    # step s-1 to the same peer is harmless when that peer's reply depends on it (``answers``).
+    # Older sends of the range are waited for before the receive is posted.
     def can_direct(s: int, i: int) -> bool:
         peer, b, off, cnt, red = recvs[s][i]
         if red:
             return False
-        for s2 in range(nsteps):
+        for s2 in range(max(0, s - 1), min(nsteps, s + 2)):
             for j, r in enumerate(recvs[s2]):
                 if (s2, j) != (s, i) and _overlap(b, off, cnt, r[1], r[2], r[3]):
                     return False
-            if s - 1 <= s2 <= s:
-                for sd in sends[s2]:
-                    if _overlap(b, off, cnt, sd[1], sd[2], sd[3]):
-                        return False
+        for s2 in (s - 1, s):
+            for sd in sends[s2] if s2 >= 0 else ():
+                if _overlap(b, off, cnt, sd[1], sd[2], sd[3]) and not (
+                        s2 == s - 1 and sd[0] == peer and answers(s, peer, sd)):
+                    return False
         return True
 
     msgs: list[Msg] = []

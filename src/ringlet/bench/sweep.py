@@ -1,5 +1,6 @@
-"""One sweep, run on every rank of a job: for each collective, size and implementation, time the
-out-of-place and in-place forms, then check every result element by element (nccl-tests' #wrong).
+"""One sweep, run on every rank of a job: for each collective and size, time the out-of-place and
+in-place forms of every implementation (their timing blocks interleaved, so the comparison is fair
+on a noisy machine), then check every result element by element (nccl-tests' #wrong).
 
 Data is integer-valued and generated from a closed form, so each rank computes the expected
 result itself without materialising the other ranks' inputs (1 GiB rows stay within memory).
@@ -12,7 +13,7 @@ import torch
 
 import ringlet
 from ringlet.algorithms.executor import reduce_into
-from ringlet.benchmarking import busbw, iterations_for, time_collective
+from ringlet.benchmarking import busbw, iterations_for, time_interleaved
 from ringlet.collectives import scale_
 from ringlet.types import ReduceOp
 
@@ -134,32 +135,43 @@ def run_sweep(spec: SweepSpec, progress=None) -> list[Row]:
                 else max(1, size // itemsize)
             nbytes = n * itemsize
             inp0, out0, expected = _case(collective, n, p, me, spec.dtype, spec.op)
+            made = {}
             for name in plan[collective]:
-                done += 1
                 impl = impls.make(name, collective, spec.op, spec.dtype)
                 # Every rank must agree that the implementation exists before anyone runs it.
                 if _agree_sum(0 if impl is None else 1) != p:
+                    done += 1
                     if progress:
                         progress(done, total, f"{collective} {name} (skipped)")
                     continue
-                row = Row(collective, name, nbytes, n, str(spec.dtype).replace("torch.", ""), spec.op.name.lower())
-                iters = spec.iters or iterations_for(nbytes, 256 << 20, 3, 50)
-                for inplace in ((False, True) if spec.inplace and collective in impls.IN_PLACE else (False,)):
-                    work = inp0.clone()
-                    out = None if out0 is None else out0.clone()
-                    sec = _agree_max(time_collective(lambda: impl(work, out, inplace), ringlet.barrier,
-                                                     iters=iters, warmup=spec.warmup))
+                made[name] = impl
+            rows_here = {name: Row(collective, name, nbytes, n, str(spec.dtype).replace("torch.", ""),
+                                   spec.op.name.lower()) for name in made}
+            iters = spec.iters or iterations_for(nbytes, 256 << 20, 3, 50)
+            for inplace in ((False, True) if spec.inplace and collective in impls.IN_PLACE else (False,)):
+                # One input and output buffer shared by every implementation: the timings only need
+                # data of the right size, and 1 GiB rows must fit several implementations.
+                work = inp0.clone()
+                out = None if out0 is None else out0.clone()
+                runs = {name: (lambda impl=impl: impl(work, out, inplace)) for name, impl in made.items()}
+                secs = time_interleaved(runs, ringlet.barrier, iters=iters, warmup=spec.warmup)
+                del work, out
+                pre = "ip" if inplace else "oop"
+                for name, impl in made.items():
+                    sec = _agree_max(secs[name])
                     # correctness after the timed runs, on fresh inputs
                     fresh = inp0.clone()
                     got = impl(fresh, None if out0 is None else out0.clone(), inplace)
                     wrong = _agree_sum(int((got.reshape(-1) != expected.reshape(-1)).sum())
                                        if got.numel() == expected.numel() else expected.numel())
-                    pre = "ip" if inplace else "oop"
+                    row = rows_here[name]
                     setattr(row, f"{pre}_us", sec * 1e6)
                     setattr(row, f"{pre}_algbw", nbytes / sec / 1e9)
                     setattr(row, f"{pre}_busbw", busbw(collective, p, nbytes, sec) / 1e9)
                     setattr(row, f"{pre}_wrong", wrong)
-                rows.append(row)
+            for name in made:
+                rows.append(rows_here[name])
+                done += 1
                 if progress:
                     progress(done, total, f"{collective} {name} {nbytes}B")
     return rows

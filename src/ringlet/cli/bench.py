@@ -184,6 +184,12 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
 def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, algorithms, compare, min_bytes, max_bytes,
               factor, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
     """Measure collectives nccl-tests style: time, algbw, busbw and #wrong per size and implementation."""
+    from ..bench.impls import COLLECTIVES
+
+    unknown = [c.strip() for c in collectives.split(",") if c.strip() not in COLLECTIVES]
+    if unknown:  # before launching: one clear message instead of a traceback from every rank
+        raise click.BadParameter(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)}.",
+                                 param_hint="--collectives")
     if not _inside_job():
         from .run import run
 

@@ -54,9 +54,12 @@ class Transport(abc.ABC):
 
     name: str = "abstract"
     # True when the backend's own all-reduce (compiled, on a low-latency channel, e.g. MPI) beats
-    # ringlet's Python-driven schedules on small messages: ``auto`` then picks it for those, and the
-    # metadata check becomes one tiny native all-reduce of a digest.
+    # ringlet's Python-driven schedules on small messages: ``auto`` then picks it for those.
     native_small: bool = False
+    # True when the metadata check should be one tiny native all-reduce of a digest (the full record
+    # exchange then runs only on a mismatch, to name it): a compiled collective finishes sooner than
+    # a Python-driven all-gather of records (Gloo here: about 1 ms against 2.2 ms on 4 ranks).
+    native_digest: bool = False
     rank: int
     size: int
 

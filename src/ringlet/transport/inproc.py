@@ -1,6 +1,9 @@
 """Ranks as threads of one process: fast unit tests of algorithms, with fault injection.
 
-Not a substitute for real transports: every message is copied eagerly under one lock.
+Not a substitute for real transports: messages move under one lock. By default a send is copied
+when it is posted; ``lazy=True`` models a zero-copy transport instead (Gloo, MPI's rendezvous
+protocol): the sender's buffer is read only when one side waits, so an executor that reuses a buffer
+too early gets wrong data in a test rather than on a cluster.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ Key = tuple[int, int, int]  # (src, dst, tag)
 
 
 class _RecvHandle(Handle):
-    __slots__ = ("world", "buf", "key", "finished", "error")
+    __slots__ = ("world", "buf", "key", "finished", "error", "src")
 
     def __init__(self, world: "InprocWorld", buf: torch.Tensor, key: Key):
         self.world = world
@@ -26,8 +29,12 @@ class _RecvHandle(Handle):
         self.key = key
         self.finished = False
         self.error: BaseException | None = None
+        self.src: _LazySend | None = None  # lazy mode: the matched send, not yet read
 
     def done(self) -> bool:
+        if self.src is not None and not self.finished:
+            with self.world.cond:
+                self.src.move()
         return self.finished or self.error is not None
 
     def wait(self, timeout: float | None = None) -> None:
@@ -45,16 +52,59 @@ class _RecvHandle(Handle):
             raise self.error
 
 
+class _LazySend(Handle):
+    """A posted send whose buffer is read at the first wait (or poll) on either end."""
+
+    __slots__ = ("world", "buf", "key", "dst", "moved")
+
+    def __init__(self, world: "InprocWorld", buf: torch.Tensor, key: Key):
+        self.world = world
+        self.buf = buf
+        self.key = key
+        self.dst: _RecvHandle | None = None
+        self.moved = False
+
+    def move(self) -> None:
+        """Copy into the matched receive; the caller holds ``world.cond``."""
+        if not self.moved and self.dst is not None:
+            _deliver(self.dst, self.buf)
+            self.moved = True
+            self.world.cond.notify_all()
+
+    def done(self) -> bool:
+        with self.world.cond:
+            self.move()
+            return self.moved
+
+    def wait(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        src, dst, tag = self.key
+        with self.world.cond:
+            while True:
+                self.move()
+                if self.moved:
+                    return
+                if dst in self.world.dead or src in self.world.dead:
+                    raise PeerError(f"rank {src}: peer rank {dst} died before receiving (tag {tag})")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise CollectiveTimeout(f"rank {src}: timed out after {timeout:.1f}s sending to rank {dst} "
+                                            f"(tag {tag})")
+                self.world.cond.wait(remaining)
+
+
 class InprocWorld:
     """A set of in-process ranks sharing mailboxes.
 
     Fault injection: ``delay`` seconds added to every send of ``slow_ranks`` (or all ranks),
     ``drop`` a predicate ``(src, dst, tag) -> bool`` deciding which messages vanish, ``kill(rank)``.
+    ``lazy``: read send buffers late (see the module docstring).
     """
 
     def __init__(self, size: int, *, delay: float = 0.0, slow_ranks: tuple[int, ...] | None = None,
-                 drop: Callable[[int, int, int], bool] | None = None):
+                 drop: Callable[[int, int, int], bool] | None = None, lazy: bool = False):
         self.size = size
+        self.lazy = lazy
         self.delay = delay
         self.slow_ranks = slow_ranks
         self.drop = drop
@@ -130,13 +180,20 @@ class InprocTransport(Transport):
             if w.drop is not None and w.drop(*key):
                 return COMPLETED
             pending = w.posted.get(key)
-            if pending:
-                h = pending.popleft()
-                _deliver(h, buf)
+            if w.lazy:
+                out: Handle = _LazySend(w, buf, key)
+                if pending:
+                    _pair(pending.popleft(), out)
+                else:
+                    w.unexpected[key].append(out)
+            elif pending:
+                out = COMPLETED
+                _deliver(pending.popleft(), buf)
             else:
+                out = COMPLETED
                 w.unexpected[key].append(buf.clone())
             w.cond.notify_all()
-        return COMPLETED
+        return out
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
         w = self.world
@@ -146,10 +203,18 @@ class InprocTransport(Transport):
             self._check_alive(peer)
             queued = w.unexpected.get(key)
             if queued:
-                _deliver(h, queued.popleft())
+                first = queued.popleft()
+                if isinstance(first, _LazySend):
+                    _pair(h, first)
+                else:
+                    _deliver(h, first)
             else:
                 w.posted[key].append(h)
         return h
+
+
+def _pair(h: _RecvHandle, send: _LazySend) -> None:
+    h.src, send.dst = send, h
 
 
 def _deliver(h: _RecvHandle, data: torch.Tensor) -> None:

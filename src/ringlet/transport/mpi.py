@@ -131,6 +131,7 @@ class MPITransport(Transport):
 
     name = "mpi"
     native_small = True
+    native_digest = True
 
     def __init__(self, comm=None, *, timeout: float | None = None):
         MPI = _mpi()

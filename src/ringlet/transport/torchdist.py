@@ -124,6 +124,7 @@ class TorchTransport(Transport):
     """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
 
     name = "torch"
+    native_digest = True
 
     def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None):
         dist = _dist()
