@@ -153,8 +153,10 @@ def run_sweep(spec: SweepSpec, progress=None) -> list[Row]:
                 # data of the right size, and 1 GiB rows must fit several implementations.
                 work = inp0.clone()
                 out = None if out0 is None else out0.clone()
-                runs = {name: (lambda impl=impl: impl(work, out, inplace)) for name, impl in made.items()}
+                runs = {name: (lambda impl=impl, work=work, out=out, inplace=inplace: impl(work, out, inplace))
+                        for name, impl in made.items()}
                 secs = time_interleaved(runs, ringlet.barrier, iters=iters, warmup=spec.warmup)
+                runs.clear()  # frees the shared buffers before the correctness runs allocate theirs
                 del work, out
                 pre = "ip" if inplace else "oop"
                 for name, impl in made.items():
