@@ -209,5 +209,5 @@ def test_lazy_inproc_reads_send_buffers_late():
 
     for lazy, value in ((True, 5.0), (False, 0.0)):
         filled = threading.Event()
-        got = InprocWorld(2, lazy=lazy).run(lambda tr: body(tr, filled))[1]
+        got = InprocWorld(2, lazy=lazy).run(lambda tr, f=filled: body(tr, f))[1]
         assert torch.equal(got, torch.full((3,), value)), lazy
