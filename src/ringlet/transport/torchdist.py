@@ -138,6 +138,7 @@ class TorchTransport(Transport):
         self._cpu_groups: dict[tuple[int, ...], object] = {world: None}
         self._cuda_groups: dict[tuple[int, ...], object] = {}
         self._created: list = []
+        self._p2p_pg: dict[bool, object] = {False: None, True: None}  # is_cuda -> world process group
         if nccl is None:
             nccl = torch.cuda.is_available() and dist.is_nccl_available()
         self._nccl = bool(nccl)
@@ -193,22 +194,33 @@ class TorchTransport(Transport):
         if self._closed:
             raise PeerError(f"rank {self.rank}: the torch transport has been closed")
 
+    def _p2p_group(self, buf: torch.Tensor):
+        """The process group object that carries point-to-point messages of ``buf``'s device.
+
+        Messages go straight to its ``send``/``recv`` (what ``dist.isend`` ends in after its argument
+        checks, which the executor's contiguous 1-D views always pass): the wrappers cost about 20 us
+        per message, and an all-reduce posts dozens."""
+        cuda = buf.is_cuda
+        pg = self._p2p_pg[cuda]
+        if pg is None:
+            group = self._group_for(buf, self._world)
+            pg = self._p2p_pg[cuda] = group if group is not None else _dist().group.WORLD
+        return pg
+
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check_open()
-        dist = _dist()
-        group = self._group_for(buf, self._world)
+        if self._closed:
+            self._check_open()
         try:
-            work = dist.isend(buf, peer, group=group, tag=tag)
+            work = self._p2p_group(buf).send([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
             raise _translate(exc, self.rank, "send", peer, tag, None) from exc
         return TorchHandle(work, self.rank, peer, tag, "send", buf)
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check_open()
-        dist = _dist()
-        group = self._group_for(buf, self._world)
+        if self._closed:
+            self._check_open()
         try:
-            work = dist.irecv(buf, peer, group=group, tag=tag)
+            work = self._p2p_group(buf).recv([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
             raise _translate(exc, self.rank, "receive", peer, tag, None) from exc
         return TorchHandle(work, self.rank, peer, tag, "receive", buf)
