@@ -36,18 +36,8 @@ def time_collective(run: Callable[[], object], sync: Callable[[], None], *, iter
     loops whose median resists a single stall on a shared machine. ``agree_max`` (e.g. a max
     all-reduce) makes every rank report the slowest rank's time.
     """
-    for _ in range(warmup):
-        run()
-    blocks = blocks or (3 if iters >= 9 else 1)
-    per = max(1, iters // blocks)
-    times = []
-    for _ in range(blocks):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(per):
-            run()
-        times.append((time.perf_counter() - t0) / per)
-    med = statistics.median(times)
+    # One implementation interleaved with nothing: the same blocks and medians.
+    med = time_interleaved({"": run}, sync, iters=iters, warmup=warmup, blocks=blocks or (3 if iters >= 9 else 1))[""]
     return agree_max(med) if agree_max is not None else med
 
 

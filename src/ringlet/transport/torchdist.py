@@ -208,8 +208,7 @@ class TorchTransport(Transport):
         return pg
 
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         try:
             work = self._p2p_group(buf).send([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
@@ -217,8 +216,7 @@ class TorchTransport(Transport):
         return TorchHandle(work, self.rank, peer, tag, "send", buf)
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         try:
             work = self._p2p_group(buf).recv([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
