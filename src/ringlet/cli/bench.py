@@ -90,7 +90,12 @@ def _start(ringlet_transport: str, compare: list[str]):
         _torch_env_beside_mpi()
         if "native" in compare or ringlet_transport == "torch":
             dist.init_process_group("gloo", init_method="env://")
-    return ringlet.init(transport=ringlet_transport or None)
+    rt = ringlet.init(transport=ringlet_transport or None)
+    if "native" in compare and not dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        # shm launched by the elastic agent: Gloo joins from the same env:// variables, so that
+        # `--transport shm --compare native` measures both instead of silently skipping native.
+        dist.init_process_group("gloo", init_method="env://")
+    return rt
 
 
 def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str, max_bytes: str, factor: float,
@@ -153,6 +158,10 @@ def sweep_in_job(collectives: str, algorithms: str, compare: str, min_bytes: str
             report.plot(plot_path, rows, title or f"{ringlet.size()} ranks, {rt.transport.name}", _parse_rate(link_rate))
         print(f"# total #wrong: {wrong}")
     ringlet.shutdown()
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the Gloo group made for `native` beside another transport
+        dist.destroy_process_group()
     return 1 if wrong else 0
 
 
