@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import traceback
 
@@ -152,6 +153,12 @@ def case_tuned_algorithm(rank, world):
             check(set(seen) == {"auto"}, f"tuning on 2 ranks: {seen}")
         numbers["tuned_algorithm"] = seen[-1]
         check(DistributedDataParallel(base_model(), algorithm="ring").algorithm == "ring", "explicit algorithm lost")
+        os.environ["RINGLET_ALGORITHM"] = "direct"
+        try:
+            forced = DistributedDataParallel(base_model()).algorithm
+        finally:
+            del os.environ["RINGLET_ALGORITHM"]
+        check(forced == "direct", f"RINGLET_ALGORITHM=direct reported as {forced!r}")
     return run
 
 

@@ -247,8 +247,11 @@ class DistributedDataParallel(torch.nn.Module):
 
     @property
     def algorithm(self) -> str:
-        """The all-reduce algorithm the buckets use now (during tuning: the one on trial)."""
-        return self._tuner.current()
+        """The all-reduce algorithm the buckets use now (during tuning: the one on trial); ``auto``
+        under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces."""
+        algo = self._tuner.current()
+        forced = os.environ.get("RINGLET_ALGORITHM", "").strip().lower()
+        return forced if algo == "auto" and forced not in ("", "auto") else algo
 
     @property
     def bucket_layout(self) -> list[list[str]]:
