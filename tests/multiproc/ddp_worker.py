@@ -127,6 +127,42 @@ def case_equiv(rank, world, bucket_cap_mb, expect_buckets):
     return run
 
 
+class Reversed(torch.nn.Module):
+    """Registers its layers in the opposite order of use: reverse registration order is backward's
+    order reversed, which only the rebuild after the first backward corrects."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(99)
+        self.c = torch.nn.Linear(16, 4)
+        self.b = torch.nn.Linear(16, 16)
+        self.a = torch.nn.Linear(6, 16)
+
+    def forward(self, x, step: int = 0):
+        return self.c(F.relu(self.b(F.relu(self.a(x)))))
+
+
+def case_rebuild_arrival_order(rank, world):
+    def run(numbers):
+        model = Reversed()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+        check(ddp.bucket_layout[0][0].startswith("a."), f"construction layout {ddp.bucket_layout}")
+        train_ddp(ddp, model, 4, rank, world)
+        layout = ddp.bucket_layout
+        check(layout[0][0].startswith("c.") and layout[-1][-1].startswith("a."),
+              f"buckets not rebuilt in gradient-arrival order: {layout}")
+        ref = Reversed()
+        opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+        for s in range(4):
+            opt.zero_grad()
+            x, y = batch(s, world)
+            F.mse_loss(ref(x), y).backward()
+            opt.step()
+        d = maxdiff(model, ref)
+        check(d <= TOL, f"rebuilt DDP vs single process: {d}")
+    return run
+
+
 def case_tuned_algorithm(rank, world):
     """algorithm="auto" on 3+ ranks tries auto and direct over the first steps, then all ranks keep the same
     one; training stays equivalent to one process throughout. On 2 ranks there is nothing to choose."""
@@ -351,6 +387,7 @@ def main() -> int:
         ("equiv_many_buckets", case_equiv(rank, world, 0.0002, lambda n: n > 2)),
         ("equiv_one_bucket", case_equiv(rank, world, 25, lambda n: n == 1)),
         ("tuned_algorithm", case_tuned_algorithm(rank, world)),
+        ("rebuild_arrival_order", case_rebuild_arrival_order(rank, world)),
         ("accumulation_no_sync", case_accumulation(rank, world)),
         ("find_unused_parameters", case_unused(rank, world)),
         ("partial_use", case_partial_use(rank, world)),

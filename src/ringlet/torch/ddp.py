@@ -8,7 +8,10 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   of one dtype; when every gradient of a bucket has been accumulated its buffer goes to ringlet's
   communication thread at once (``allreduce_async_``, op AVG), so later layers' communication overlaps
   earlier layers' backward. Buckets start in index order on every rank, so ranks agree on the order.
-  A bucket's first reduction checks its shape and dtype across ranks; later ones skip that exchange;
+  After the first reduced backward the parameters are bucketed again in the order their gradients
+  arrived on the group's first rank (as torch's DDP rebuilds its buckets), so a module that registers
+  layers in another order than it uses them still overlaps. A bucket's first reduction checks its shape
+  and dtype across ranks; later ones skip that exchange;
 * ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
   the static choice and ``direct`` in turn and keep the one whose steps were faster on all ranks
   together (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.algorithm` tells);
@@ -191,13 +194,13 @@ class DistributedDataParallel(torch.nn.Module):
             if p.layout != torch.strided:
                 raise ValueError("DistributedDataParallel supports dense parameters only.")
         self._names = {id(p): n for n, p in module.named_parameters()}
-        layout = assign_buckets(self._params, int(self.options.bucket_cap_mb * _MB),
-                                int(self.options.first_bucket_cap_mb * _MB))
-        self._buckets = [_Bucket(k, [self._params[i] for i in idx]) for k, idx in enumerate(layout)]
+        self._pindex = {id(p): i for i, p in enumerate(self._params)}
+        self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
-        for b in self._buckets:
-            for j, p in enumerate(b.params):
-                self._where[id(p)] = (b, j, len(self._where))
+        self._set_buckets(self._layout(self._params))
+        # Indices into _params in the order the first reduced backward delivered them (None once rebuilt).
+        self._arrival: list[int] | None = []
+        self._arrival_done = False
 
         self._lock = threading.Lock()
         self._armed = False          # the current forward's backward must reduce
@@ -234,6 +237,8 @@ class DistributedDataParallel(torch.nn.Module):
             timeline.mark_step()
             self._step_open = True
             self._step_started()
+            if self._arrival_done and self._arrival is not None:
+                self._rebuild_buckets()
         if self.options.broadcast_buffers and self._size > 1:
             self._broadcast(list(self.module.buffers()), "buffers")
         tl = timeline.active()
@@ -257,6 +262,38 @@ class DistributedDataParallel(torch.nn.Module):
     def bucket_layout(self) -> list[list[str]]:
         """Parameter names per bucket, in launch order (for inspection and tests)."""
         return [[self._names.get(id(p), "?") for p in b.params] for b in self._buckets]
+
+    # ---- buckets ---------------------------------------------------------------------------------------
+    def _layout(self, params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
+        """Buckets of ``params`` filled from the end of the list (the end is expected first in backward)."""
+        layout = assign_buckets(params, int(self.options.bucket_cap_mb * _MB),
+                                int(self.options.first_bucket_cap_mb * _MB))
+        return [[params[i] for i in idx] for idx in layout]
+
+    def _set_buckets(self, layout: list[list[torch.nn.Parameter]]) -> None:
+        self._buckets = [_Bucket(k, ps) for k, ps in enumerate(layout)]
+        self._where = {}
+        for b in self._buckets:
+            for j, p in enumerate(b.params):
+                self._where[id(p)] = (b, j, len(self._where))
+
+    def _rebuild_buckets(self) -> None:
+        """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
+
+        Rank 0's order is broadcast so every rank builds the same buckets (they must launch the same
+        buffers in the same order). Parameters that got no gradient go last, in reverse registration order.
+        """
+        arrival, self._arrival = list(dict.fromkeys(self._arrival or [])), None
+        seen = set(arrival)
+        order = torch.tensor(arrival + [i for i in reversed(range(len(self._params))) if i not in seen],
+                             dtype=torch.int64)
+        if self._size > 1:
+            self._comm.broadcast_(order, f"{self._prefix}.order").wait()
+        # _layout fills from the end of its list, so hand it the arrival order reversed.
+        layout = self._layout([self._params[i] for i in reversed(order.tolist())])
+        if [[id(p) for p in ps] for ps in layout] != [[id(p) for p in b.params] for b in self._buckets]:
+            log.info("DistributedDataParallel: buckets rebuilt in gradient-arrival order (%d buckets)", len(layout))
+            self._set_buckets(layout)
 
     # ---- construction-time and per-forward broadcasts ------------------------------------------------
     def _broadcast_state(self) -> None:
@@ -290,6 +327,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._armed = out is not None
             if not self._armed:
                 return
+            if self._arrival is not None and not self._arrival_done:
+                self._arrival = []  # an earlier backward that failed half-way must not count
             self._ready = [False] * len(self._params)
             self._got_grad = [False] * len(self._params)
             for b in self._buckets:
@@ -309,6 +348,8 @@ class DistributedDataParallel(torch.nn.Module):
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
                 for q in self._unused:
                     self._mark_ready(q, None)
+            if self._arrival is not None and not self._arrival_done:
+                self._arrival.append(self._pindex[id(p)])
             self._mark_ready(p, p.grad)
             self._t_last = timeline.now_us()
 
@@ -408,6 +449,7 @@ class DistributedDataParallel(torch.nn.Module):
         if tl is not None:
             self._record_comm(tl)
         self._step_open = False
+        self._arrival_done = True
         if missing and not self.options.find_unused_parameters:
             names = ", ".join(self._names.get(id(p), "?") for p in missing[:10])
             raise RuntimeError(f"DistributedDataParallel: {len(missing)} parameter(s) received no gradient in "
