@@ -6,7 +6,8 @@ same run, on the same data, so the ratios are side by side::
     ringlet run -np 4 --transport torch -- python benchmarks/allreduce_bench.py --shm \
         --out benchmarks/results/allreduce_1host_4p.md
 
-Each number is the median of several iterations of the slowest rank (nccl-tests' convention); a
+Each number is the slowest rank's median over timing blocks that interleave all implementations
+(A B C A B C ...), so a slow spell of a shared machine hits every one of them alike; a
 correctness check of every candidate runs after the timed iterations. The baseline ``gloo`` is a bare
 ``torch.distributed.all_reduce`` (what a user calls without ringlet); ``torch:native`` is the same call
 made through ringlet (with its metadata check unless ``--no-check``).
@@ -14,6 +15,7 @@ made through ringlet (with its metadata check unless ``--no-check``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -23,7 +25,7 @@ import torch
 
 import ringlet
 from ringlet.algorithms import reference
-from ringlet.benchmarking import busbw, fmt_size, integer_data, iterations_for, parse_size, time_collective
+from ringlet.benchmarking import busbw, fmt_size, integer_data, iterations_for, parse_size, time_interleaved
 from ringlet.runtime import Runtime
 
 
@@ -82,20 +84,25 @@ def main() -> None:
         n = nbytes // 4
         row = {"bytes": nbytes}
         expected = reference.allreduce([integer_data(n, r) for r in range(p)])[0]
-        t = integer_data(n, me)
-        sec = time_collective(lambda: dist.all_reduce(t), dist.barrier, iters=iterations_for(nbytes, 1 << 30, 3, 30))
+        t = integer_data(n, me)  # one work buffer for every implementation (its values do not matter)
+
+        def on(crt: Runtime, algo: str) -> None:
+            with ringlet.use_runtime(crt):
+                ringlet.allreduce_(t, algorithm=algo)
+
+        runs = {"gloo": lambda: dist.all_reduce(t)}
+        runs.update({label: functools.partial(on, crt, algo) for label, crt, algo in candidates})
+        # Interleaved blocks (A B C A B C ...): a slow spell of this shared machine hits every implementation.
+        secs = time_interleaved(runs, dist.barrier, iters=iterations_for(nbytes, 1 << 30, 3, 30))
         got = integer_data(n, me)
         dist.all_reduce(got)
-        sec = agree_max(sec)
         wrong = int(ringlet.allreduce(torch.tensor([int((got != expected).sum())])).item())
-        row["gloo"] = {"sec": sec, "busbw": busbw("allreduce", p, nbytes, sec), "wrong": wrong}
+        row["gloo"] = {"sec": (sec := agree_max(secs["gloo"])), "busbw": busbw("allreduce", p, nbytes, sec),
+                       "wrong": wrong}
         for label, crt, algo in candidates:
-            t = integer_data(n, me)
             with ringlet.use_runtime(crt):
-                sec = time_collective(lambda: ringlet.allreduce_(t, algorithm=algo), ringlet.barrier,
-                                      iters=iterations_for(nbytes, 1 << 30, 3, 30))
                 got = ringlet.allreduce(integer_data(n, me), algorithm=algo)
-            sec = agree_max(sec)
+            sec = agree_max(secs[label])
             wrong = int(ringlet.allreduce(torch.tensor([int((got != expected).sum())])).item())
             row[label] = {"sec": sec, "busbw": busbw("allreduce", p, nbytes, sec), "wrong": wrong}
         rows.append(row)
@@ -111,7 +118,7 @@ def main() -> None:
                  f"Command: `ringlet run -np {p} --transport {rt.transport.name} -- python {' '.join(sys.argv)}`",
                  f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host: {os.uname().nodename}, "
                  f"{os.cpu_count()} cores; torch {torch.__version__}.",
-                 "Each cell: median time of the slowest rank (µs) / busbw (GB/s). busbw = 2(p−1)/p · bytes / time.",
+                 "Each cell: median time of the slowest rank (µs; timing blocks of all implementations interleaved) / busbw (GB/s). busbw = 2(p−1)/p · bytes / time.",
                  "#wrong is the number of wrong elements in a check after the timed runs (integer data).",
                  "",
                  "The last columns: busbw of the best ringlet schedule per transport over bare Gloo's.",
