@@ -17,8 +17,8 @@ finally the same DDP and hook checks with ``ringlet.torch`` initialised (its coo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
-import os
 import sys
 import traceback
 
@@ -189,12 +189,15 @@ def case_tuned_algorithm(rank, world):
             check(set(seen) == {"auto"}, f"tuning on 2 ranks: {seen}")
         numbers["tuned_algorithm"] = seen[-1]
         check(DistributedDataParallel(base_model(), algorithm="ring").algorithm == "ring", "explicit algorithm lost")
-        os.environ["RINGLET_ALGORITHM"] = "direct"
+        rt = ringlet.collectives.runtime()
+        options = rt.options
+        rt.options = dataclasses.replace(options, algorithm="direct")  # as RINGLET_ALGORITHM=direct at init
         try:
-            forced = DistributedDataParallel(base_model()).algorithm
+            forced = DistributedDataParallel(base_model())
+            check(forced._tuner.current() == "auto" and forced.algorithm == "direct",
+                  f"RINGLET_ALGORITHM=direct: trial {forced._tuner.current()!r}, reported {forced.algorithm!r}")
         finally:
-            del os.environ["RINGLET_ALGORITHM"]
-        check(forced == "direct", f"RINGLET_ALGORITHM=direct reported as {forced!r}")
+            rt.options = options
     return run
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -254,9 +253,7 @@ class DistributedDataParallel(torch.nn.Module):
     def algorithm(self) -> str:
         """The all-reduce algorithm the buckets use now (during tuning: the one on trial); ``auto``
         under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces."""
-        algo = self._tuner.current()
-        forced = os.environ.get("RINGLET_ALGORITHM", "").strip().lower()
-        return forced if algo == "auto" and forced not in ("", "auto") else algo
+        return _core.resolve_algorithm(self._tuner.current(), _core.runtime())
 
     @property
     def bucket_layout(self) -> list[list[str]]:
@@ -375,8 +372,8 @@ class DistributedDataParallel(torch.nn.Module):
         algo = self.options.algorithm
         # The coordinator (ringlet.torch initialised) picks algorithms itself; an explicit algorithm or
         # RINGLET_ALGORITHM is the user's choice; direct sends p(p-1) messages per step, so small groups only.
-        if (not self.options.tune or algo != "auto" or self._comm.coordinated or os.environ.get("RINGLET_ALGORITHM")
-                or not 3 <= self._size <= 8):
+        if (not self.options.tune or algo != "auto" or self._comm.coordinated
+                or _core.resolve_algorithm(algo, _core.runtime()) != "auto" or not 3 <= self._size <= 8):
             return (algo,)
         return ("auto", "direct")
 
