@@ -47,3 +47,16 @@ def test_duplicates_collapse_and_bad_arguments_raise():
         OnlineChoice(["a", "b"], trials=0)
     with pytest.raises(ValueError):
         OnlineChoice(["a", "b"]).decide([1.0])
+
+
+@pytest.mark.parametrize("challenger, expected", [(0.99, "a"), (0.97, "a"), (0.969, "b"), (0.5, "b")])
+def test_first_candidate_stays_unless_beaten_by_the_margin(challenger, expected):
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=1, margin=0.03)
+    run(ch, {"a": 1.0, "b": challenger}, 2)
+    assert ch.decide([1.0, challenger]).choice == expected
+
+
+def test_margin_must_be_a_fraction():
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError):
+            OnlineChoice(["a", "b"], margin=bad)

@@ -13,8 +13,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   layers in another order than it uses them still overlaps. A bucket's first reduction checks its shape
   and dtype across ranks; later ones skip that exchange;
 * ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
-  the static choice and ``direct`` in turn and keep the one whose steps were faster on all ranks
-  together (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.algorithm` tells);
+  the static choice and ``direct`` in turn, five steps each, and switch to ``direct`` only if its steps
+  were more than 3% faster on all ranks together (:class:`ringlet.tuning.OnlineChoice`;
+  :attr:`DistributedDataParallel.algorithm` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages are copied into ``param.grad``;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
@@ -212,7 +213,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._usage_work = None
         self._step_open = False
         self._t_first = self._t_last = 0.0
-        self._tuner = OnlineChoice(self._candidates())
+        # Five steps per candidate and a 3% margin for the challenger: step times on a shared host vary by
+        # more than the candidates differ, and a decision made on noise flips from run to run.
+        self._tuner = OnlineChoice(self._candidates(), trials=5, margin=0.03)
         self._t_step: float | None = None  # perf_counter at the start of the current step
         self._step_reduced = False
 

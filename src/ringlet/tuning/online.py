@@ -3,14 +3,19 @@
 An isolated benchmark can rank algorithms wrongly for training: there, communication shares the CPU
 (and, in the cluster emulation or a container, a CPU quota) with the backward pass, and an algorithm
 with fewer dependent steps can finish sooner even if it is slower alone. Measured on 4 emulated hosts
-with 0.5 CPU and 1 Gbit/s each: ``direct`` is 0.9x the ring's bus bandwidth alone, yet trains a 2.5 M
-parameter CNN 1.2-1.4x faster (``benchmarks/results/e_train_4x1_1gbit``).
+with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_under_load.py``): on idle hosts a 10 MB
+``direct`` all-reduce takes 1.1x the ring's time, beside a busy compute thread 0.8x. Inside real
+training steps the two came out within a few percent of each other, in either order
+(``benchmarks/results/e_train_4x1_1gbit_s2/ab_algorithms.txt``), so a challenger replaces the first
+candidate (the static choice) only when it is faster by more than ``margin``: a choice made on noise
+would otherwise flip from run to run.
 
 :class:`OnlineChoice` is the bookkeeping only: after ``warmup`` steps it hands out the candidates in
 turn (ABAB..., so drift in machine load hits all of them alike) for ``trials`` steps each, collects one
 wall time per step, and, once every candidate has its trials, proposes per-candidate medians that the
-caller sums over ranks (one small all-reduce) before :meth:`decide` picks the smallest. Every rank
-therefore makes the same choice from the same numbers.
+caller sums over ranks (one small all-reduce) before :meth:`decide` picks the smallest (keeping the
+first candidate unless another beats it by more than ``margin``). Every rank therefore makes the same
+choice from the same numbers.
 """
 from __future__ import annotations
 
@@ -34,13 +39,17 @@ class OnlineChoice:
     result to :meth:`decide`. A single candidate is decided from the start.
     """
 
-    __slots__ = ("candidates", "warmup", "trials", "_steps", "_times", "decision")
+    __slots__ = ("candidates", "warmup", "trials", "margin", "_steps", "_times", "decision")
 
-    def __init__(self, candidates: list[str] | tuple[str, ...], warmup: int = 2, trials: int = 3):
+    def __init__(self, candidates: list[str] | tuple[str, ...], warmup: int = 2, trials: int = 3,
+                 margin: float = 0.0):
         if not candidates:
             raise ValueError("OnlineChoice needs at least one candidate.")
         if warmup < 0 or trials < 1:
             raise ValueError(f"need warmup >= 0 and trials >= 1, got {warmup} and {trials}")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        self.margin = float(margin)
         self.candidates = tuple(dict.fromkeys(candidates))
         self.warmup = warmup
         self.trials = trials
@@ -75,9 +84,13 @@ class OnlineChoice:
         return [statistics.median(self._times[c]) for c in self.candidates]
 
     def decide(self, summed: list[float]) -> Decision:
-        """Fix the choice: the candidate with the smallest (rank-summed) median; ties go to the first."""
+        """Fix the choice: the candidate with the smallest (rank-summed) median, except that the first
+        candidate stays unless the best is faster than it by more than ``margin`` (a fraction of its
+        time); ties go to the earlier candidate."""
         if len(summed) != len(self.candidates):
             raise ValueError(f"expected {len(self.candidates)} times, got {len(summed)}")
         best = min(range(len(summed)), key=lambda i: (summed[i], i))
+        if summed[best] >= summed[0] * (1.0 - self.margin):
+            best = 0
         self.decision = Decision(self.candidates[best], dict(zip(self.candidates, map(float, summed))))
         return self.decision
