@@ -38,8 +38,9 @@ def mlp():
                          nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
-def setup(mode, model, optimizer):
-    """Join the job in ``mode``; returns (model, optimizer, rank, size, in-place sum over ranks, finish)."""
+def setup(mode, model, optimizer, ddp_options=None):
+    """Join the job in ``mode``; returns (model, optimizer, rank, size, in-place sum over ranks, finish).
+    ``ddp_options``: keyword arguments for ringlet's DistributedDataParallel (mode ``ddp``)."""
     if mode == "hvd":
         import ringlet.torch as hvd
 
@@ -53,8 +54,8 @@ def setup(mode, model, optimizer):
         import ringlet.torch
 
         ringlet.init()
-        return ringlet.torch.DistributedDataParallel(model), optimizer, ringlet.rank(), ringlet.size(), \
-            ringlet.allreduce_, ringlet.shutdown
+        ddp = ringlet.torch.DistributedDataParallel(model, **(ddp_options or {}))
+        return ddp, optimizer, ringlet.rank(), ringlet.size(), ringlet.allreduce_, ringlet.shutdown
     import torch.distributed as dist
 
     dist.init_process_group("gloo")  # env:// variables come from `ringlet run` (or torchrun)
@@ -71,13 +72,17 @@ def main():
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--ddp-option", action="append", default=[], metavar="NAME=NUMBER",
+                        help="a numeric keyword argument for ringlet's DistributedDataParallel (mode ddp), "
+                             "e.g. last_bucket_cap_mb=0; repeatable")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = cnn() if args.model == "cnn" else mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer, rank, size, sum_, finish = setup(args.mode, model, optimizer)
+    ddp_options = {k: float(v) for k, v in (o.split("=", 1) for o in args.ddp_option)}
+    model, optimizer, rank, size, sum_, finish = setup(args.mode, model, optimizer, ddp_options)
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
 
