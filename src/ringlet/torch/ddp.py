@@ -13,10 +13,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   layers in another order than it uses them still overlaps. A bucket's first reduction checks its shape
   and dtype across ranks; later ones skip that exchange;
 * ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
-  the static choice and ``direct`` in turn, five steps each, timing every bucket's all-reduce inside
-  those steps (it shares the CPU with backward there, unlike in a benchmark); each bucket then switches
-  to ``direct`` only if that was more than 3% faster for it on all ranks together
-  (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.bucket_algorithms` tells);
+  the static choice and ``direct`` in turn, five steps each, and switch to ``direct`` only if its steps
+  were more than 3% faster on all ranks together (:class:`ringlet.tuning.OnlineChoice`;
+  :attr:`DistributedDataParallel.algorithm` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages are copied into ``param.grad``;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
@@ -41,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -80,8 +80,7 @@ class DDPOptions:
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo",
-                 "tuner")
+    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter]):
         self.index = index
@@ -100,7 +99,6 @@ class _Bucket:
         # verifies shapes once, at construction).
         self.validated: set[str] = set()
         self.algo = ""
-        self.tuner: OnlineChoice | None = None  # set by the wrapper: this bucket's choice of algorithm
 
     def slot(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -236,6 +234,11 @@ class DistributedDataParallel(torch.nn.Module):
         self._usage_work = None
         self._step_open = False
         self._t_first = self._t_last = 0.0
+        # Five steps per candidate and a 3% margin for the challenger: step times on a shared host vary by
+        # more than the candidates differ, and a decision made on noise flips from run to run.
+        self._tuner = OnlineChoice(self._candidates(), trials=5, margin=0.03)
+        self._t_step: float | None = None  # perf_counter at the start of the current step
+        self._step_reduced = False
 
         self._broadcast_state()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
@@ -273,16 +276,8 @@ class DistributedDataParallel(torch.nn.Module):
     @property
     def algorithm(self) -> str:
         """The all-reduce algorithm the buckets use now (during tuning: the one on trial); ``auto``
-        under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces. When the tuner chose
-        differently per bucket: the per-bucket names, comma-separated in launch order."""
-        names = list(dict.fromkeys(self.bucket_algorithms))
-        return names[0] if len(names) == 1 else ",".join(self.bucket_algorithms)
-
-    @property
-    def bucket_algorithms(self) -> list[str]:
-        """Per bucket, in launch order, the all-reduce algorithm it uses now (see :attr:`algorithm`)."""
-        rt = _core.runtime()
-        return [_core.resolve_algorithm(b.tuner.current(), rt) for b in self._buckets]
+        under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces."""
+        return _core.resolve_algorithm(self._tuner.current(), _core.runtime())
 
     @property
     def bucket_layout(self) -> list[list[str]]:
@@ -299,11 +294,6 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _set_buckets(self, layout: list[list[torch.nn.Parameter]]) -> None:
         self._buckets = [_Bucket(k, ps) for k, ps in enumerate(layout)]
-        candidates = self._candidates()
-        for b in self._buckets:
-            # Five steps per candidate and a 3% margin for the challenger: on a shared host the times vary
-            # by more than the candidates differ, and a decision made on noise flips from run to run.
-            b.tuner = OnlineChoice(candidates, trials=5, margin=0.03)
         self._where = {}
         for b in self._buckets:
             for j, p in enumerate(b.params):
@@ -413,25 +403,25 @@ class DistributedDataParallel(torch.nn.Module):
         return ("auto", "direct")
 
     def _step_started(self) -> None:
-        """At the first forward of a step: decide once every bucket has timed all its candidates."""
-        if all(b.tuner.ready for b in self._buckets) and any(b.tuner.decision is None for b in self._buckets):
-            self._decide()
+        """At the first forward of a step: time the previous one (if it reduced) and decide when due."""
+        now = time.perf_counter()
+        if self._t_step is not None and self._step_reduced:
+            self._tuner.record(now - self._t_step)
+            if self._tuner.ready:
+                self._decide()
+        self._t_step = now
+        self._step_reduced = False
 
     def _decide(self) -> None:
         # Summed over ranks so that every rank picks from the same numbers (a rank choosing differently
-        # would run a different schedule than its peers). One all-reduce carries every bucket's medians.
-        n = len(self._buckets[0].tuner.candidates)
-        times = torch.tensor([m for b in self._buckets for m in b.tuner.medians()], dtype=torch.float64)
+        # would run a different schedule than its peers).
+        times = torch.tensor(self._tuner.medians(), dtype=torch.float64)
         self._comm.allreduce_(times, ReduceOp.SUM, f"{self._prefix}.tune").wait()
-        summed = times.tolist()
-        for b in self._buckets:
-            d = b.tuner.decide(summed[b.index * n:(b.index + 1) * n])
-            per_rank = {k: round(v / self._size * 1000, 2) for k, v in d.times.items()}
-            nbytes = b.buffer.numel() * b.buffer.element_size()
-            log.info("DistributedDataParallel: bucket %d (%d bytes) all-reduces with %r (median ms per "
-                     "candidate: %s)", b.index, nbytes, d.choice, per_rank)
-            timeline.instant("tuning", "choose_algorithm",
-                             {"bucket": b.index, "bytes": nbytes, "choice": d.choice, "ms": per_rank})
+        decision = self._tuner.decide(times.tolist())
+        per_rank = {k: round(v / self._size * 1000, 2) for k, v in decision.times.items()}
+        log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
+                 decision.choice, per_rank)
+        timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
 
     def _launch_ready(self) -> None:
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
@@ -439,13 +429,12 @@ class DistributedDataParallel(torch.nn.Module):
             self._next_launch += 1
 
     def _launch(self, b: _Bucket) -> None:
-        # Stamps bracket the bucket's all-reduce on the comm thread: the timeline draws them, and while
-        # the tuner runs trials they time the algorithm on trial (queueing behind other buckets excluded).
-        timed = timeline.active() is not None or b.tuner.decision is None
+        timed = timeline.active() is not None
         b.t_launch = timeline.now_us() if timed else 0.0
-        b.algo = b.tuner.current()
+        b.algo = self._tuner.current()
         b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed,
                                        check=None if b.algo not in b.validated else False, algorithm=b.algo)
+        self._step_reduced = True
 
     def _finalize(self) -> None:
         """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``."""
@@ -481,10 +470,6 @@ class DistributedDataParallel(torch.nn.Module):
             raise error
         if tl is not None:
             self._record_comm(tl)
-        for b in self._buckets:
-            if b.tuner.decision is None:
-                span = b.work.span()
-                b.tuner.record((span[1] - span[0]) / 1e6 if span is not None else 0.0)
         self._step_open = False
         self._arrival_done = True
         if missing and not self.options.find_unused_parameters:
