@@ -65,14 +65,11 @@ class DDPOptions:
     """Bucketing and reduction choices, fixed at construction.
 
     ``first_bucket_cap_mb`` defaults to ``min(1, bucket_cap_mb)``: a small first bucket (the last layers)
-    starts communication early in backward, as torch does. ``last_bucket_cap_mb`` (same default; 0: no
-    separate last bucket) caps the bucket of the parameters whose gradients come last: nothing is left
-    to overlap its all-reduce, so all of it is exposed and it should be short.
+    starts communication early in backward, as torch does.
     """
 
     bucket_cap_mb: float = 25.0
     first_bucket_cap_mb: float = 1.0
-    last_bucket_cap_mb: float = 1.0
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
     algorithm: str = "auto"
@@ -105,26 +102,13 @@ class _Bucket:
         return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()]
 
 
-def assign_buckets(params: list[torch.nn.Parameter], cap_bytes: int, first_cap_bytes: int,
-                   last_cap_bytes: int = 0) -> list[list[int]]:
+def assign_buckets(params: list[torch.nn.Parameter], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
     """Indices of ``params`` per bucket: reverse registration order, one dtype/device per bucket, a bucket
-    closed once it holds ``cap_bytes`` (``first_cap_bytes`` for the first bucket closed). With
-    ``last_cap_bytes``, the leading parameters that fit in it (of the first one's dtype and device) form
-    a bucket of their own, launched last."""
-    tail: list[int] = []
-    if last_cap_bytes > 0:
-        n = 0
-        for i, p in enumerate(params):
-            n += p.numel() * p.element_size()
-            if n > last_cap_bytes or p.dtype != params[0].dtype or p.device != params[0].device:
-                break
-            tail.append(i)
-        if len(tail) == len(params):  # everything fits: one bucket, as without the cap
-            tail = []
+    closed once it holds ``cap_bytes`` (``first_cap_bytes`` for the first bucket closed)."""
     closed: list[list[int]] = []
     open_: dict[tuple, list[int]] = {}
     size: dict[tuple, int] = {}
-    for i in reversed(range(len(tail), len(params))):
+    for i in reversed(range(len(params))):
         p = params[i]
         key = (p.dtype, p.device)
         open_.setdefault(key, []).append(i)
@@ -133,8 +117,6 @@ def assign_buckets(params: list[torch.nn.Parameter], cap_bytes: int, first_cap_b
             closed.append(open_.pop(key))
             size[key] = 0
     closed.extend(b for b in open_.values() if b)
-    if tail:
-        closed.append(tail[::-1])  # reverse registration order, like the others
     # Launch order = order in which backward is expected to fill them (first member in reverse order).
     closed.sort(key=lambda b: -b[0])
     return closed
@@ -187,7 +169,7 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
-                 last_bucket_cap_mb: float | None = None, algorithm: str = "auto", tune: bool = True):
+                 algorithm: str = "auto", tune: bool = True):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
@@ -195,10 +177,7 @@ class DistributedDataParallel(torch.nn.Module):
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
-        last = min(1.0, bucket_cap_mb) if last_bucket_cap_mb is None else last_bucket_cap_mb
-        if first < 0 or last < 0:
-            raise ValueError(f"bucket caps must not be negative, got first {first} and last {last}")
-        self.options = DDPOptions(float(bucket_cap_mb), float(first), float(last), bool(find_unused_parameters),
+        self.options = DDPOptions(float(bucket_cap_mb), float(first), bool(find_unused_parameters),
                                   bool(broadcast_buffers), algorithm, bool(tune))
         self.module = module
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
@@ -288,8 +267,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _layout(self, params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
         """Buckets of ``params`` filled from the end of the list (the end is expected first in backward)."""
         layout = assign_buckets(params, int(self.options.bucket_cap_mb * _MB),
-                                int(self.options.first_bucket_cap_mb * _MB),
-                                int(self.options.last_bucket_cap_mb * _MB))
+                                int(self.options.first_bucket_cap_mb * _MB))
         return [[params[i] for i in idx] for idx in layout]
 
     def _set_buckets(self, layout: list[list[torch.nn.Parameter]]) -> None:
