@@ -2,7 +2,7 @@
 # Interleaved A/B of training arms on the emulated cluster (4 hosts x 1 rank, 0.5 CPU, 1 Gbit/s): one
 # line per (repetition, arm) with img/s per rank, so arms see the same machine noise. Needs root.
 #   usage: benchmarks/training_ab.sh OUT.txt 'label|ENV=1 ENV2=x|mode [flags]' ...  (mode: stock-ddp, ddp, hvd;
-#          flags go to examples/synthetic_benchmark.py, e.g. 'ddp --ddp-option last_bucket_cap_mb=0')
+#          flags go to examples/synthetic_benchmark.py, e.g. 'ddp --ddp-option bucket_cap_mb=5')
 #   REPS=5, MODEL=cnn
 #   e.g. benchmarks/training_ab.sh ab.txt 'torch|-|stock-ddp' 'ringlet|-|ddp' 'direct|RINGLET_ALGORITHM=direct|ddp'
 set -euo pipefail

@@ -74,7 +74,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--ddp-option", action="append", default=[], metavar="NAME=NUMBER",
                         help="a numeric keyword argument for ringlet's DistributedDataParallel (mode ddp), "
-                             "e.g. last_bucket_cap_mb=0; repeatable")
+                             "e.g. bucket_cap_mb=5; repeatable")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
