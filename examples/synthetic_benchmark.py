@@ -38,14 +38,16 @@ def mlp():
                          nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
-def setup(mode, model, optimizer, ddp_options=None):
+def setup(mode, model, optimizer, ddp_options=None, hvd_groups=None):
     """Join the job in ``mode``; returns (model, optimizer, rank, size, in-place sum over ranks, finish).
-    ``ddp_options``: keyword arguments for ringlet's DistributedDataParallel (mode ``ddp``)."""
+    ``ddp_options``: keyword arguments for ringlet's DistributedDataParallel (mode ``ddp``);
+    ``hvd_groups``: ``groups`` for the DistributedOptimizer (mode ``hvd``)."""
     if mode == "hvd":
         import ringlet.torch as hvd
 
         hvd.init()
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             groups=hvd_groups)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return model, optimizer, hvd.rank(), hvd.size(), lambda t: hvd.allreduce_(t, op=hvd.Sum), hvd.shutdown
@@ -72,6 +74,8 @@ def main():
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--hvd-groups", default="", metavar="N|buckets",
+                        help="mode hvd: DistributedOptimizer groups, a number or 'buckets' (DDP's bucket layout)")
     parser.add_argument("--ddp-option", action="append", default=[], metavar="NAME=NUMBER",
                         help="a numeric keyword argument for ringlet's DistributedDataParallel (mode ddp), "
                              "e.g. bucket_cap_mb=5; repeatable")
@@ -82,7 +86,15 @@ def main():
     model = cnn() if args.model == "cnn" else mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ddp_options = {k: float(v) for k, v in (o.split("=", 1) for o in args.ddp_option)}
-    model, optimizer, rank, size, sum_, finish = setup(args.mode, model, optimizer, ddp_options)
+    hvd_groups = None
+    if args.hvd_groups == "buckets":  # as DDP buckets them: reverse order, 1 MB first, then 25 MB
+        from ringlet.torch.ddp import assign_buckets
+
+        params = list(model.parameters())
+        hvd_groups = [[params[i] for i in b] for b in assign_buckets(params, 25 << 20, 1 << 20)]
+    elif args.hvd_groups:
+        hvd_groups = int(args.hvd_groups)
+    model, optimizer, rank, size, sum_, finish = setup(args.mode, model, optimizer, ddp_options, hvd_groups)
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
 
