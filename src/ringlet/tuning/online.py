@@ -4,11 +4,11 @@ An isolated benchmark can rank algorithms wrongly for training: there, communica
 (and, in the cluster emulation or a container, a CPU quota) with the backward pass, and an algorithm
 with fewer dependent steps can finish sooner even if it is slower alone. Measured on 4 emulated hosts
 with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_under_load.py``): on idle hosts a 10 MB
-``direct`` all-reduce takes 1.1x the ring's time, beside a busy compute thread 0.8x. Inside real
+``direct`` all-reduce takes 1.05x the ring's time, beside a busy compute thread 0.8-0.9x. Inside real
 training steps the two came out within a few percent of each other, in either order
-(``benchmarks/results/e_train_4x1_1gbit_s2/ab_algorithms.txt``), so a challenger replaces the first
-candidate (the static choice) only when it is faster by more than ``margin``: a choice made on noise
-would otherwise flip from run to run.
+(``benchmarks/results/e_train_4x1_1gbit_s2/ab_algorithms.txt``, ``.../e_train_4x1_1gbit_s3``), so a
+challenger replaces the first candidate (the static choice) only when it is faster by more than
+``margin``: a choice made on noise would otherwise flip from run to run.
 
 :class:`OnlineChoice` is the bookkeeping only: after ``warmup`` steps it hands out the candidates in
 turn (ABAB..., so drift in machine load hits all of them alike) for ``trials`` steps each, collects one
