@@ -65,6 +65,22 @@ def setup(mode, model, optimizer, ddp_options=None, hvd_groups=None):
         dist.all_reduce, dist.destroy_process_group
 
 
+def _thread_cpu():
+    """{thread id: (name, user ms, system ms)} of this process, from /proc (kernel clock ticks, usually 10 ms)."""
+    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = (name, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
@@ -74,6 +90,8 @@ def main():
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--thread-cpu", action="store_true",
+                        help="also print each thread's CPU time per timed step (rank 0, Linux)")
     parser.add_argument("--hvd-groups", default="", metavar="N|buckets",
                         help="mode hvd: DistributedOptimizer groups, a number or 'buckets' (DDP's bucket layout)")
     parser.add_argument("--ddp-option", action="append", default=[], metavar="NAME=NUMBER",
@@ -112,13 +130,25 @@ def main():
         f"per rank, {size} ranks")
     for _ in range(args.num_warmup_batches):
         step()
+    threads0 = _thread_cpu() if args.thread_cpu else {}
     rates = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     for i in range(args.num_iters):
         start = time.perf_counter()
         for _ in range(args.num_batches_per_iter):
             step()
         rates.append(args.batch_size * args.num_batches_per_iter / (time.perf_counter() - start))
         log(f"iter {i}: {rates[-1]:.1f} img/s per rank (rank 0)")
+    steps = args.num_iters * args.num_batches_per_iter
+    cpu_ms = (time.process_time() - cpu0) * 1e3 / steps
+    wall_ms = (time.perf_counter() - wall0) * 1e3 / steps
+    # On a host with a CPU quota a step cannot be shorter than its CPU time over the quota: this line
+    # tells whether a step pays for communication's CPU or for waiting.
+    log(f"CPU per step: {cpu_ms:.1f} ms of {wall_ms:.1f} ms wall (rank 0, all threads)")
+    for tid, (name, user, system) in sorted(_thread_cpu().items()) if args.thread_cpu else ():
+        _, user0, system0 = threads0.get(tid, (name, 0.0, 0.0))
+        log(f"  thread {tid} {name}: user {(user - user0) / steps:.1f} ms, system {(system - system0) / steps:.1f} ms "
+            "per step")
     mean = sum(rates) / len(rates)
     spread = 1.96 * (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     total = torch.tensor([mean], dtype=torch.float64)
