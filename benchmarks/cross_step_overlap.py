@@ -31,7 +31,7 @@ import ringlet
 from ringlet.types import ReduceOp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import synthetic_benchmark  # noqa: E402
+import synthetic_benchmark
 
 
 def flat_buffer(params):

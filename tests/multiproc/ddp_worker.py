@@ -7,7 +7,8 @@ few numbers. References are computed by every rank itself: the same seeded model
 process on the concatenated global batch (inputs are small integers, so every rank builds every
 rank's batch). Parameters must agree within 1e-6 (fp32).
 
-Cases: ringlet's DistributedDataParallel with several buckets and with one; with no_sync accumulation;
+Cases: ringlet's DistributedDataParallel with several buckets and with one; with gradients as bucket views
+(both ways of zeroing, with and without accumulation); with no_sync accumulation;
 find_unused_parameters (a layer used on even steps only, one never used, one used by rank 0 only);
 an unused parameter without the flag raising a clear error, after which training still works; the
 initial broadcast of parameters and buffers; stock torch DDP with ringlet's comm hooks against stock
@@ -92,10 +93,10 @@ def reference(steps: int, world: int, micro: int = 1, extra: bool = False, momen
     return ref
 
 
-def train_ddp(ddp, model, steps, rank, world, micro=1, momentum=0.9):
+def train_ddp(ddp, model, steps, rank, world, micro=1, momentum=0.9, set_to_none=True):
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
     for s in range(steps):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         for m in range(micro):
             x, y = batch(s, world, m)
             if m < micro - 1:
@@ -124,6 +125,24 @@ def case_equiv(rank, world, bucket_cap_mb, expect_buckets):
         d = maxdiff(model, reference(4, world))
         numbers[f"buckets_{bucket_cap_mb}"] = n
         check(d <= TOL, f"max |ddp - single process| = {d}")
+    return run
+
+
+def case_grad_view(rank, world):
+    def run(numbers):
+        for set_to_none in (True, False):
+            for micro in (1, 3):
+                model = base_model()
+                ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, gradient_as_bucket_view=True)
+                train_ddp(ddp, model, 3, rank, world, micro=micro, set_to_none=set_to_none)
+                d = maxdiff(model, reference(3, world, micro=micro))
+                check(d <= TOL, f"max |ddp - single process| with gradient views (set_to_none={set_to_none}, "
+                                f"micro={micro}) = {d}")
+                spans = [(b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.numel() * b.buffer.element_size())
+                         for b in ddp._buckets]
+                outside = [n for n, p in model.named_parameters()
+                           if not any(lo <= p.grad.data_ptr() < hi for lo, hi in spans)]
+                check(not outside, f"gradients that are not views into a bucket: {outside}")
     return run
 
 
@@ -222,14 +241,16 @@ def case_accumulation(rank, world):
 
 def case_unused(rank, world):
     def run(numbers):
-        model = base_model(extra=True)
-        dead0 = model.dead.weight.detach().clone()
-        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True)
-        train_ddp(ddp, model, 4, rank, world, momentum=0.0)
-        d = maxdiff(model, reference(4, world, extra=True, momentum=0.0))
-        check(d <= TOL, f"max |ddp - single process| with unused parameters = {d}")
-        check(model.dead.weight.grad is None, "a parameter unused on every rank got a gradient")
-        check(torch.equal(model.dead.weight.detach(), dead0), "an unused parameter changed")
+        for as_view in (False, True):
+            model = base_model(extra=True)
+            dead0 = model.dead.weight.detach().clone()
+            ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True,
+                                          gradient_as_bucket_view=as_view)
+            train_ddp(ddp, model, 4, rank, world, momentum=0.0)
+            d = maxdiff(model, reference(4, world, extra=True, momentum=0.0))
+            check(d <= TOL, f"max |ddp - single process| with unused parameters (views: {as_view}) = {d}")
+            check(model.dead.weight.grad is None, "a parameter unused on every rank got a gradient")
+            check(torch.equal(model.dead.weight.detach(), dead0), "an unused parameter changed")
     return run
 
 
@@ -389,6 +410,7 @@ def main() -> int:
     cases = [
         ("equiv_many_buckets", case_equiv(rank, world, 0.0002, lambda n: n > 2)),
         ("equiv_one_bucket", case_equiv(rank, world, 25, lambda n: n == 1)),
+        ("equiv_gradient_as_bucket_view", case_grad_view(rank, world)),
         ("tuned_algorithm", case_tuned_algorithm(rank, world)),
         ("rebuild_arrival_order", case_rebuild_arrival_order(rank, world)),
         ("accumulation_no_sync", case_accumulation(rank, world)),

@@ -25,7 +25,13 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   is reduced alongside so a parameter unused on every rank keeps ``grad`` untouched. Without the flag an
   unused parameter raises a ``RuntimeError`` naming it (after the buckets were still reduced, so the
   ranks stay in step) instead of hanging;
-* ``broadcast_buffers=True``: buffers are broadcast from the first rank before every forward.
+* ``broadcast_buffers=True``: buffers are broadcast from the first rank before every forward;
+* ``gradient_as_bucket_view=True``: after a reduced backward each ``param.grad`` is a view into its
+  bucket instead of a copy, which saves memory the size of the gradients and the copy back. A gradient
+  that already is that view (``zero_grad(set_to_none=False)``, or accumulation under ``no_sync``) is
+  accumulated into the bucket by autograd and not copied in either. As with torch, a gradient then
+  aliases the bucket: a reference kept across steps sees the next step's values, and ``detach_()`` on
+  it is not allowed.
 
 Timeline (:mod:`ringlet.timeline`; ``RINGLET_TIMELINE`` is honoured from construction on):
 ``mark_step`` at the first forward of each step (micro-batches under ``no_sync`` belong to the step
@@ -74,6 +80,7 @@ class DDPOptions:
     broadcast_buffers: bool = True
     algorithm: str = "auto"
     tune: bool = True
+    gradient_as_bucket_view: bool = False
 
 
 class _Bucket:
@@ -159,8 +166,8 @@ class DistributedDataParallel(torch.nn.Module):
     ``process_group`` / ``group``: a :class:`ringlet.Group` or ``ringlet.torch`` ``ProcessSet``
     (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets; ``tune``: with
     ``"auto"``, pick between candidates by timing the first training steps (see the module doc). ``device_ids``,
-    ``output_device``, ``dim``, ``gradient_as_bucket_view`` and ``static_graph`` are accepted for
-    drop-in compatibility and have no effect here. ringlet must be initialised first.
+    ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
+    effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ringlet must be initialised first.
     """
 
     _instances = 0  # wrappers created in this process: names their ops in coordinated mode
@@ -178,7 +185,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
         self.options = DDPOptions(float(bucket_cap_mb), float(first), bool(find_unused_parameters),
-                                  bool(broadcast_buffers), algorithm, bool(tune))
+                                  bool(broadcast_buffers), algorithm, bool(tune), bool(gradient_as_bucket_view))
         self.module = module
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
         timeline.configure_from_env(_core.runtime().rank)
@@ -361,12 +368,16 @@ class DistributedDataParallel(torch.nn.Module):
                                "separate backward passes of one forward is not supported).")
         self._ready[k] = True
         self._got_grad[k] = grad is not None
+        slot = b.slot(j)
         if grad is None:
-            b.slot(j).zero_()
+            if p.grad is not None and _is_view_of(p.grad, slot):
+                p.grad = p.grad.clone()  # an unused parameter keeps its gradient, apart from the bucket
+            slot.zero_()
         else:
             if grad.is_sparse:
                 raise ValueError("DistributedDataParallel does not reduce sparse gradients.")
-            b.slot(j).copy_(grad.reshape(-1))
+            if not _is_view_of(grad, slot):  # autograd accumulated straight into the bucket otherwise
+                slot.copy_(grad.reshape(-1))
         b.pending -= 1
         self._launch_ready()
 
@@ -464,17 +475,20 @@ class DistributedDataParallel(torch.nn.Module):
     @torch.no_grad()
     def _copy_back(self) -> None:
         usage = self._usage.tolist() if self.options.find_unused_parameters else None
+        as_view = self.options.gradient_as_bucket_view
         for b in self._buckets:
             for j, p in enumerate(b.params):
                 k = self._where[id(p)][2]
                 avg = b.slot(j).view_as(p)
-                if not self._got_grad[k]:
-                    if usage is None or usage[k] == 0:
-                        continue  # no rank used it: leave .grad as it was, like torch
-                    if p.grad is None:
-                        p.grad = avg.clone()
-                        continue
-                p.grad.copy_(avg)
+                if not self._got_grad[k] and (usage is None or usage[k] == 0):
+                    continue  # no rank used it: leave .grad as it was, like torch
+                if as_view:
+                    if p.grad is None or not _is_view_of(p.grad, avg):
+                        p.grad = avg
+                elif p.grad is None:
+                    p.grad = avg.clone()
+                else:
+                    p.grad.copy_(avg)
 
     def _record_comm(self, tl: timeline.Timeline) -> None:
         for b in self._buckets:
@@ -486,6 +500,12 @@ class DistributedDataParallel(torch.nn.Module):
             tl.span(track, "QUEUE", b.t_launch, start)
             tl.span(track, "COMMUNICATE", start, end,
                     {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
+
+
+def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    """Whether ``grad`` is exactly the (contiguous) memory of ``slot``."""
+    return (grad.data_ptr() == slot.data_ptr() and grad.numel() == slot.numel() and grad.is_contiguous()
+            and grad.dtype == slot.dtype and grad.device == slot.device)
 
 
 def _core_initialized() -> bool:
