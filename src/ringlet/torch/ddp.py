@@ -167,7 +167,8 @@ class DistributedDataParallel(torch.nn.Module):
     (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets; ``tune``: with
     ``"auto"``, pick between candidates by timing the first training steps (see the module doc). ``device_ids``,
     ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
-    effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ringlet must be initialised first.
+    effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ringlet must be
+    initialised first.
     """
 
     _instances = 0  # wrappers created in this process: names their ops in coordinated mode
