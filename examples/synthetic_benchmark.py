@@ -66,7 +66,8 @@ def setup(mode, model, optimizer, ddp_options=None, hvd_groups=None):
 
 
 def _thread_cpu():
-    """{thread id: (name, user ms, system ms)} of this process, from /proc (kernel clock ticks, usually 10 ms)."""
+    """{thread id: (name, user ms, system ms, minor faults)} of this process, from /proc (times in kernel
+    clock ticks, usually 10 ms)."""
     tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
     out = {}
     for tid in os.listdir("/proc/self/task"):
@@ -77,8 +78,17 @@ def _thread_cpu():
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(tid)] = (name, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms)
+        out[int(tid)] = (name, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms, int(fields[7]))
     return out
+
+
+def _minor_faults():
+    """Minor page faults of this process so far (Linux; 0 elsewhere): first-touch of fresh memory."""
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def main():
@@ -132,7 +142,7 @@ def main():
         step()
     threads0 = _thread_cpu() if args.thread_cpu else {}
     rates = []
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, faults0 = time.process_time(), time.perf_counter(), _minor_faults()
     for i in range(args.num_iters):
         start = time.perf_counter()
         for _ in range(args.num_batches_per_iter):
@@ -144,11 +154,12 @@ def main():
     wall_ms = (time.perf_counter() - wall0) * 1e3 / steps
     # On a host with a CPU quota a step cannot be shorter than its CPU time over the quota: this line
     # tells whether a step pays for communication's CPU or for waiting.
-    log(f"CPU per step: {cpu_ms:.1f} ms of {wall_ms:.1f} ms wall (rank 0, all threads)")
-    for tid, (name, user, system) in sorted(_thread_cpu().items()) if args.thread_cpu else ():
-        _, user0, system0 = threads0.get(tid, (name, 0.0, 0.0))
-        log(f"  thread {tid} {name}: user {(user - user0) / steps:.1f} ms, system {(system - system0) / steps:.1f} ms "
-            "per step")
+    faults = (_minor_faults() - faults0) / steps
+    log(f"CPU per step: {cpu_ms:.1f} ms of {wall_ms:.1f} ms wall, {faults:.0f} page faults (rank 0, all threads)")
+    for tid, (name, user, system, flt) in sorted(_thread_cpu().items()) if args.thread_cpu else ():
+        _, user0, system0, flt0 = threads0.get(tid, (name, 0.0, 0.0, 0))
+        log(f"  thread {tid} {name}: user {(user - user0) / steps:.1f} ms, system {(system - system0) / steps:.1f} ms, "
+            f"{(flt - flt0) / steps:.0f} page faults per step")
     mean = sum(rates) / len(rates)
     spread = 1.96 * (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     total = torch.tensor([mean], dtype=torch.float64)

@@ -24,6 +24,13 @@ def env_checks(r: int, p: int) -> list[str]:
                 problems.append(f"{prefix}_{k}={got!r}, runtime says {want}")
     if env.get("RINGLET_TRANSPORT") != rt.transport.name:
         problems.append(f"RINGLET_TRANSPORT={env.get('RINGLET_TRANSPORT')!r} but the transport is {rt.transport.name}")
+    # ringlet run fixes glibc's malloc thresholds unless the job chose its own allocator settings.
+    from ringlet.cli.run import MALLOC_ENV, allocator_env
+
+    if allocator_env({k: v for k, v in env.items() if k not in MALLOC_ENV}):
+        for k, want in MALLOC_ENV.items():
+            if env.get(k) != want:
+                problems.append(f"{k}={env.get(k)!r}, ringlet run sets {want!r}")
     host = env.get("HOROVOD_HOSTNAME")
     want_host = env.get("RINGLET_HOSTNAME") or socket.gethostname()
     if host != want_host or rt.hostnames[r] != host:

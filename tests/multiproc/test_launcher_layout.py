@@ -1,12 +1,15 @@
 """Fast checks of the launcher's pure parts: host lists, rank layouts, environment derivation, CLI errors."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from click.testing import CliRunner
 
 from ringlet.cli._shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
 from ringlet.cli.main import main
-from ringlet.cli.run import _fit_hosts, is_local_host, root_cause
+from ringlet.cli.run import MALLOC_ENV, RunConfig, _fit_hosts, _worker_env, allocator_env, is_local_host, root_cause
 
 
 def test_parse_hosts():
@@ -75,3 +78,21 @@ def test_cli_errors_are_clear():
     res = runner.invoke(main, ["run", "-np", "2", "--transport", "carrier-pigeon", "--", "true"])
     assert res.exit_code == 2
     assert "run" in runner.invoke(main, ["--help"]).output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings are set on Linux only")
+def test_allocator_env_fixed_unless_the_user_chose(monkeypatch):
+    assert allocator_env({}) == MALLOC_ENV
+    assert int(MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]) == 32 << 20  # glibc refuses a larger mmap threshold
+    for user in ({"MALLOC_TRIM_THRESHOLD_": "0"}, {"MALLOC_ARENA_MAX": "2"}, {"RINGLET_MALLOC_TUNING": "0"},
+                 {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, {"MALLOC_CONF": "background_thread:true"},
+                 {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, {"LD_PRELOAD": "libtcmalloc.so"}):
+        assert allocator_env(user) == {}, user
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0", "LD_PRELOAD": "libfoo.so"}) == MALLOC_ENV
+    for k in list(os.environ):
+        if k.startswith(("MALLOC_", "RINGLET_MALLOC")) or k in ("LD_PRELOAD", "GLIBC_TUNABLES"):
+            monkeypatch.delenv(k)
+    env = _worker_env(RunConfig(("true",)), None)
+    assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")
+    assert not set(MALLOC_ENV) & set(_worker_env(RunConfig(("true",)), None))
