@@ -8,7 +8,8 @@ process on the concatenated global batch (inputs are small integers, so every ra
 rank's batch). Parameters must agree within 1e-6 (fp32).
 
 Cases: ringlet's DistributedDataParallel with several buckets and with one; with gradients as bucket views
-(both ways of zeroing, with and without accumulation); with no_sync accumulation;
+(both ways of zeroing, with and without accumulation); the default mode's gradients lent from the buckets
+(a kept gradient keeps its values, a pre-existing ``.grad`` is updated in place); with no_sync accumulation;
 find_unused_parameters (a layer used on even steps only, one never used, one used by rank 0 only);
 an unused parameter without the flag raising a clear error, after which training still works; the
 initial broadcast of parameters and buffers; stock torch DDP with ringlet's comm hooks against stock
@@ -143,6 +144,59 @@ def case_grad_view(rank, world):
                 outside = [n for n, p in model.named_parameters()
                            if not any(lo <= p.grad.data_ptr() < hi for lo, hi in spans)]
                 check(not outside, f"gradients that are not views into a bucket: {outside}")
+    return run
+
+
+def _in_a_bucket(ddp, t: torch.Tensor) -> bool:
+    return any(b.buffer.data_ptr() <= t.data_ptr() < b.buffer.data_ptr() + b.buffer.numel() * b.buffer.element_size()
+               for b in ddp._buckets)
+
+
+def case_lent_gradients(rank, world):
+    """Default mode: a gradient autograd created is replaced by a view of the average in its bucket (no
+    copy back); a bucket whose memory is still held elsewhere is replaced, so a gradient kept across steps
+    keeps its values; a ``.grad`` that persists across steps is updated in place, as torch does."""
+    def run(numbers):
+        for set_to_none in (True, False):
+            for micro in (1, 3):
+                model = base_model()
+                ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+                train_ddp(ddp, model, 3, rank, world, micro=micro, set_to_none=set_to_none)
+                d = maxdiff(model, reference(3, world, micro=micro))
+                check(d <= TOL, f"max |ddp - single process| (set_to_none={set_to_none}, micro={micro}) = {d}")
+                outside = [n for n, p in model.named_parameters() if not _in_a_bucket(ddp, p.grad)]
+                if micro == 1:  # no_sync created .grad before the synced forward: it is updated in place
+                    check(not outside, f"gradients not lent from a bucket: {outside}")
+                check(ddp.fresh_buffers == 0, f"{ddp.fresh_buffers} buckets replaced while nothing held them")
+
+        # A gradient kept across a step keeps its values; the step still trains like a single process.
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+        train_ddp(ddp, model, 1, rank, world)
+        kept = model.c.weight.grad
+        want = kept.clone()
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        opt.zero_grad()
+        x, y = batch(1, world)
+        F.mse_loss(ddp(mine(x, rank), 1), mine(y, rank)).backward()
+        check(torch.equal(kept, want), "a gradient kept across steps was overwritten by the next step")
+        check(ddp.fresh_buffers >= 1, "the bucket holding a kept gradient was reused")
+        check(_in_a_bucket(ddp, model.c.weight.grad), "the new gradient is not lent from the new bucket")
+
+        # A .grad that exists before the forward is the same object afterwards, holding the average.
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+        own = [torch.zeros_like(p) for p in model.parameters()]
+        for p, g in zip(model.parameters(), own):
+            p.grad = g
+        x, y = batch(0, world)
+        F.mse_loss(ddp(mine(x, rank)), mine(y, rank)).backward()
+        ref = base_model()
+        F.mse_loss(ref(x), y).backward()
+        for (n, p), g, q in zip(model.named_parameters(), own, ref.parameters()):
+            check(p.grad is g, f"{n}: .grad was replaced although it existed before the forward")
+            dg = (g - q.grad).abs().max().item()
+            check(dg <= TOL, f"{n}: in-place average differs from the single-process gradient by {dg}")
     return run
 
 
@@ -411,6 +465,7 @@ def main() -> int:
         ("equiv_many_buckets", case_equiv(rank, world, 0.0002, lambda n: n > 2)),
         ("equiv_one_bucket", case_equiv(rank, world, 25, lambda n: n == 1)),
         ("equiv_gradient_as_bucket_view", case_grad_view(rank, world)),
+        ("lent_gradients", case_lent_gradients(rank, world)),
         ("tuned_algorithm", case_tuned_algorithm(rank, world)),
         ("rebuild_arrival_order", case_rebuild_arrival_order(rank, world)),
         ("accumulation_no_sync", case_accumulation(rank, world)),

@@ -17,7 +17,14 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   were more than 3% faster on all ranks together (:class:`ringlet.tuning.OnlineChoice`;
   :attr:`DistributedDataParallel.algorithm` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
-  averages are copied into ``param.grad``;
+  averages land in ``param.grad``. A gradient that autograd created in this backward (``.grad`` was
+  None at the forward, as after ``zero_grad()``) is replaced by a view of the average in the bucket, not
+  copied into: one gradient-sized copy and buffer less per step, with nothing to observe but
+  ``.grad`` being a view. A ``.grad`` that existed before the forward is updated in place, as torch
+  does. Before a bucket is written again, it is replaced by a fresh one if anything besides the ``.grad``
+  views it lent still holds its memory (a gradient kept across steps keeps its values); when
+  ``.grad`` still is the lent view (``zero_grad(set_to_none=False)``, ``no_sync``), autograd accumulates
+  straight into the bucket and nothing is copied in either;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -84,7 +91,7 @@ class DDPOptions:
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo")
+    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo", "lent")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter]):
         self.index = index
@@ -103,6 +110,7 @@ class _Bucket:
         # verifies shapes once, at construction).
         self.validated: set[str] = set()
         self.algo = ""
+        self.lent = False  # some .grad is (or was) a view of buffer
 
     def slot(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -215,6 +223,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._in_backward = False    # a hook of this backward fired; finalisation is queued
         self._ready: list[bool] = []      # per flat index: in the bucket buffer already
         self._got_grad: list[bool] = []   # per flat index: a real gradient (not zeros for an unused param)
+        self._fresh: list[bool] = []      # per index into _params: .grad was None when the forward ran
+        self.fresh_buffers = 0            # buckets replaced because their memory was still held (for tests)
         self._next_launch = 0
         self._unused: list[torch.nn.Parameter] = []
         self._usage: torch.Tensor | None = None
@@ -339,12 +349,27 @@ class DistributedDataParallel(torch.nn.Module):
                 self._arrival = []  # an earlier backward that failed half-way must not count
             self._ready = [False] * len(self._params)
             self._got_grad = [False] * len(self._params)
+            if not self.options.gradient_as_bucket_view:
+                self._fresh = [p.grad is None for p in self._params]
+                self._reclaim_buckets()
             for b in self._buckets:
                 b.pending, b.work = len(b.params), None
             self._next_launch = 0
             if self.options.find_unused_parameters:
                 reached = _params_reached(out)
                 self._unused = [p for p in self._params if id(p) not in reached]
+
+    def _reclaim_buckets(self) -> None:
+        """Give a bucket a fresh buffer when memory it lent as ``.grad`` is held by anything else."""
+        for b in self._buckets:
+            if not b.lent:
+                continue
+            attached = sum(1 for j, p in enumerate(b.params) if p.grad is not None and _is_view_of(p.grad, b.slot(j)))
+            refs = _tensors_sharing(b.buffer)
+            if refs is None or refs > 1 + attached:
+                b.buffer = torch.empty_like(b.buffer)  # every slot is written before the launch
+                b.lent = False
+                self.fresh_buffers += 1
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         if not self._armed:
@@ -483,9 +508,11 @@ class DistributedDataParallel(torch.nn.Module):
                 avg = b.slot(j).view_as(p)
                 if not self._got_grad[k] and (usage is None or usage[k] == 0):
                     continue  # no rank used it: leave .grad as it was, like torch
-                if as_view:
-                    if p.grad is None or not _is_view_of(p.grad, avg):
-                        p.grad = avg
+                if p.grad is not None and _is_view_of(p.grad, avg):
+                    continue  # autograd accumulated into the bucket: the average is in place
+                if as_view or (self._fresh[self._pindex[id(p)]] and p.is_contiguous()):
+                    p.grad = avg
+                    b.lent = True
                 elif p.grad is None:
                     p.grad = avg.clone()
                 else:
@@ -507,6 +534,15 @@ def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     """Whether ``grad`` is exactly the (contiguous) memory of ``slot``."""
     return (grad.data_ptr() == slot.data_ptr() and grad.numel() == slot.numel() and grad.is_contiguous()
             and grad.dtype == slot.dtype and grad.device == slot.device)
+
+
+def _tensors_sharing(t: torch.Tensor) -> int | None:
+    """How many tensors (``t`` included) hold ``t``'s memory; None when this torch build cannot tell."""
+    try:
+        # The storage object made for the question holds one reference itself.
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 def _core_initialized() -> bool:

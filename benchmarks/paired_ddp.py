@@ -1,0 +1,128 @@
+"""Torch's DDP and ringlet's DDP in one job, in alternating blocks of steps: a paired A/B.
+
+    ringlet run --cluster -np 4 -- python benchmarks/paired_ddp.py --rounds 12 torch ringlet
+    ringlet run --cluster -np 4 -- python benchmarks/paired_ddp.py torch ringlet ringlet:bucket_cap_mb=1
+
+Separate jobs for each arm (``training_ab.sh``) see different machine load: on this shared machine one
+job in six ran 20-30% slower than its neighbours, for either arm, which buries a few-percent difference.
+Here every arm trains its own copy of the same model (same seed, same data, same optimizer) inside one
+job on one torch.distributed world: torch's DDP all-reduces over the default Gloo group, ringlet's DDP
+sends over the same group's point-to-point. Each round runs one block per arm (``--steps`` timed steps
+after one untimed step that lets caches and the quota settle), in an order that rotates every round, so
+a slow stretch of the machine hits the arms alike. A round's ratio is the arm's step time over the first
+arm's in the same round; the report gives the mean ratio with its standard error, and the median.
+
+Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``ringlet.torch``'s),
+``ringlet:NAME=VALUE,...`` (keyword arguments for ringlet's DDP, numbers or true/false),
+``torch:NAME=VALUE,...`` likewise for torch's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import synthetic_benchmark  # noqa: E402 - the models of the synthetic benchmark
+
+import ringlet  # noqa: E402
+import ringlet.torch  # noqa: E402
+
+
+def _value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return float(text) if "." in text else int(text)
+
+
+def parse_arm(spec: str) -> tuple[str, dict]:
+    kind, _, opts = spec.partition(":")
+    if kind not in ("torch", "ringlet"):
+        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...] or ringlet[:k=v,...]")
+    return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("arms", nargs="+")
+    parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
+    parser.add_argument("--warmup", type=int, default=15, help="steps per arm before the first round")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # env:// from ringlet run; ringlet then reuses this group
+    ringlet.init()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    data = torch.randn(args.batch_size, 3, 32, 32)
+    target = torch.randint(0, 10, (args.batch_size,))
+
+    arms = []
+    for spec in args.arms:
+        kind, opts = parse_arm(spec)
+        torch.manual_seed(0)
+        model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
+        wrapped = (torch.nn.parallel.DistributedDataParallel(model, **opts) if kind == "torch"
+                   else ringlet.torch.DistributedDataParallel(model, **opts))
+        arms.append((spec, wrapped, torch.optim.SGD(model.parameters(), lr=0.01)))
+
+    def step(model, opt) -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    for _, model, opt in arms:
+        for _ in range(args.warmup):
+            step(model, opt)
+
+    times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
+    cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
+    for r in range(args.rounds):
+        k = r % len(arms)
+        for spec, model, opt in arms[k:] + arms[:k]:
+            step(model, opt)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(args.steps):
+                step(model, opt)
+            times[spec].append((time.perf_counter() - t0) / args.steps)
+            cpu[spec].append((time.process_time() - c0) / args.steps)
+
+    # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
+    for spec, model, _ in arms:
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        ref = flat.clone()
+        dist.broadcast(ref, 0)
+        if not torch.equal(flat, ref):
+            raise SystemExit(f"rank {rank}: arm {spec}: parameters differ from rank 0's")
+
+    if rank == 0:
+        base = args.arms[0]
+        print(f"model {args.model}, batch {args.batch_size} per rank, {size} ranks, {args.rounds} rounds of "
+              f"{args.steps} timed steps per arm")
+        for spec, model, _ in arms:
+            ms = [t * 1e3 for t in times[spec]]
+            line = (f"{spec}: step {statistics.median(ms):.1f} ms median (CPU {statistics.median(cpu[spec]) * 1e3:.1f} ms), "
+                    f"{args.batch_size / statistics.median(times[spec]):.1f} img/s per rank")
+            if hasattr(model, "algorithm"):
+                line += f", all-reduce algorithm {model.algorithm}"
+            if spec != base:
+                ratios = [a / b for a, b in zip(times[spec], times[base])]
+                se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
+                line += (f"; step time vs {base}: mean {statistics.mean(ratios):.3f} +- {se:.3f} (s.e.), "
+                         f"median {statistics.median(ratios):.3f}; per round "
+                         + " ".join(f"{x:.3f}" for x in ratios))
+            print(line, flush=True)
+    ringlet.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
