@@ -14,7 +14,8 @@ arm's in the same round; the report gives the mean ratio with its standard error
 
 Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``ringlet.torch``'s),
 ``ringlet:NAME=VALUE,...`` (keyword arguments for ringlet's DDP, numbers or true/false),
-``torch:NAME=VALUE,...`` likewise for torch's.
+``torch:NAME=VALUE,...`` likewise for torch's; ``ringlet-copy`` is ringlet's DDP copying the averages
+into ``.grad`` instead of lending them (its behaviour before 2026-11-23).
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import synthetic_benchmark  # noqa: E402 - the models of the synthetic benchmark
+import synthetic_benchmark  # the models of the synthetic benchmark
 
-import ringlet  # noqa: E402
-import ringlet.torch  # noqa: E402
+import ringlet
+import ringlet.torch
 
 
 def _value(text: str):
@@ -43,9 +44,17 @@ def _value(text: str):
 
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
-    if kind not in ("torch", "ringlet"):
-        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...] or ringlet[:k=v,...]")
+    if kind not in ("torch", "ringlet", "ringlet-copy"):
+        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...] or ringlet-copy[:k=v,...]")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
+
+
+def _minor_faults() -> int:
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def main() -> None:
@@ -72,6 +81,8 @@ def main() -> None:
         model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
         wrapped = (torch.nn.parallel.DistributedDataParallel(model, **opts) if kind == "torch"
                    else ringlet.torch.DistributedDataParallel(model, **opts))
+        if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
+            wrapped._lend_gradients = False
         arms.append((spec, wrapped, torch.optim.SGD(model.parameters(), lr=0.01)))
 
     def step(model, opt) -> None:
@@ -85,15 +96,17 @@ def main() -> None:
 
     times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
     cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
+    faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
     for r in range(args.rounds):
         k = r % len(arms)
         for spec, model, opt in arms[k:] + arms[:k]:
             step(model, opt)
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
             for _ in range(args.steps):
                 step(model, opt)
             times[spec].append((time.perf_counter() - t0) / args.steps)
             cpu[spec].append((time.process_time() - c0) / args.steps)
+            faults[spec] += _minor_faults() - f0
 
     # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
     for spec, model, _ in arms:
@@ -109,10 +122,11 @@ def main() -> None:
               f"{args.steps} timed steps per arm")
         for spec, model, _ in arms:
             ms = [t * 1e3 for t in times[spec]]
-            line = (f"{spec}: step {statistics.median(ms):.1f} ms median (CPU {statistics.median(cpu[spec]) * 1e3:.1f} ms), "
+            line = (f"{spec}: step {statistics.median(ms):.1f} ms median (CPU {statistics.median(cpu[spec]) * 1e3:.1f} ms, "
+                    f"{faults[spec] / (args.rounds * args.steps):.0f} page faults), "
                     f"{args.batch_size / statistics.median(times[spec]):.1f} img/s per rank")
             if hasattr(model, "algorithm"):
-                line += f", all-reduce algorithm {model.algorithm}"
+                line += f", all-reduce algorithm {model.algorithm}, buckets replaced {model.fresh_buffers}"
             if spec != base:
                 ratios = [a / b for a, b in zip(times[spec], times[base])]
                 se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")

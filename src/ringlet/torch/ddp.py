@@ -225,6 +225,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._got_grad: list[bool] = []   # per flat index: a real gradient (not zeros for an unused param)
         self._fresh: list[bool] = []      # per index into _params: .grad was None when the forward ran
         self.fresh_buffers = 0            # buckets replaced because their memory was still held (for tests)
+        self._lend_gradients = True       # False: copy averages into .grad (for A/B measurements)
         self._next_launch = 0
         self._unused: list[torch.nn.Parameter] = []
         self._usage: torch.Tensor | None = None
@@ -349,7 +350,7 @@ class DistributedDataParallel(torch.nn.Module):
                 self._arrival = []  # an earlier backward that failed half-way must not count
             self._ready = [False] * len(self._params)
             self._got_grad = [False] * len(self._params)
-            if not self.options.gradient_as_bucket_view:
+            if not self.options.gradient_as_bucket_view and self._lend_gradients:
                 self._fresh = [p.grad is None for p in self._params]
                 self._reclaim_buckets()
             for b in self._buckets:
@@ -510,7 +511,7 @@ class DistributedDataParallel(torch.nn.Module):
                     continue  # no rank used it: leave .grad as it was, like torch
                 if p.grad is not None and _is_view_of(p.grad, avg):
                     continue  # autograd accumulated into the bucket: the average is in place
-                if as_view or (self._fresh[self._pindex[id(p)]] and p.is_contiguous()):
+                if as_view or (self._lend_gradients and self._fresh[self._pindex[id(p)]] and p.is_contiguous()):
                     p.grad = avg
                     b.lent = True
                 elif p.grad is None:
