@@ -57,6 +57,25 @@ def _minor_faults() -> int:
         return 0
 
 
+def _thread_ticks() -> dict[int, tuple[str, int]]:
+    """{thread id: (name, user + system clock ticks)} of this process (Linux; empty elsewhere)."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
@@ -97,16 +116,20 @@ def main() -> None:
     times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
     cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
     faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
+    ticks: dict[str, dict[str, int]] = {spec: {} for spec, _, _ in arms}  # per arm: thread -> clock ticks
     for r in range(args.rounds):
         k = r % len(arms)
         for spec, model, opt in arms[k:] + arms[:k]:
             step(model, opt)
-            t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
+            t0, c0, f0, th0 = time.perf_counter(), time.process_time(), _minor_faults(), _thread_ticks()
             for _ in range(args.steps):
                 step(model, opt)
             times[spec].append((time.perf_counter() - t0) / args.steps)
             cpu[spec].append((time.process_time() - c0) / args.steps)
             faults[spec] += _minor_faults() - f0
+            for tid, (name, n) in _thread_ticks().items():
+                key = f"{name}[{tid}]"
+                ticks[spec][key] = ticks[spec].get(key, 0) + n - th0.get(tid, (name, 0))[1]
 
     # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
     for spec, model, _ in arms:
@@ -134,6 +157,10 @@ def main() -> None:
                          f"median {statistics.median(ratios):.3f}; per round "
                          + " ".join(f"{x:.3f}" for x in ratios))
             print(line, flush=True)
+            tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+            busy = {k: v * tick_ms / (args.rounds * args.steps) for k, v in ticks[spec].items() if v}
+            print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
+                  flush=True)
     ringlet.shutdown()
     dist.destroy_process_group()
 
