@@ -49,33 +49,6 @@ def parse_arm(spec: str) -> tuple[str, dict]:
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
 
 
-def _minor_faults() -> int:
-    try:
-        with open("/proc/self/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[7])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _thread_ticks() -> dict[int, tuple[str, int]]:
-    """{thread id: (name, user + system clock ticks)} of this process (Linux; empty elsewhere)."""
-    out = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
@@ -116,20 +89,22 @@ def main() -> None:
     times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
     cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
     faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
-    ticks: dict[str, dict[str, int]] = {spec: {} for spec, _, _ in arms}  # per arm: thread -> clock ticks
+    thread_ms: dict[str, dict[str, float]] = {spec: {} for spec, _, _ in arms}  # per arm: thread -> CPU ms
     for r in range(args.rounds):
         k = r % len(arms)
         for spec, model, opt in arms[k:] + arms[:k]:
             step(model, opt)
-            t0, c0, f0, th0 = time.perf_counter(), time.process_time(), _minor_faults(), _thread_ticks()
+            th0, f0 = synthetic_benchmark._thread_cpu(), synthetic_benchmark._minor_faults()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 step(model, opt)
             times[spec].append((time.perf_counter() - t0) / args.steps)
             cpu[spec].append((time.process_time() - c0) / args.steps)
-            faults[spec] += _minor_faults() - f0
-            for tid, (name, n) in _thread_ticks().items():
+            faults[spec] += synthetic_benchmark._minor_faults() - f0
+            for tid, (name, user, system, _) in synthetic_benchmark._thread_cpu().items():
+                _, user0, system0, _ = th0.get(tid, (name, 0.0, 0.0, 0))
                 key = f"{name}[{tid}]"
-                ticks[spec][key] = ticks[spec].get(key, 0) + n - th0.get(tid, (name, 0))[1]
+                thread_ms[spec][key] = thread_ms[spec].get(key, 0.0) + user + system - user0 - system0
 
     # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
     for spec, model, _ in arms:
@@ -157,8 +132,7 @@ def main() -> None:
                          f"median {statistics.median(ratios):.3f}; per round "
                          + " ".join(f"{x:.3f}" for x in ratios))
             print(line, flush=True)
-            tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
-            busy = {k: v * tick_ms / (args.rounds * args.steps) for k, v in ticks[spec].items() if v}
+            busy = {k: v / (args.rounds * args.steps) for k, v in thread_ms[spec].items() if v}
             print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
                   flush=True)
     ringlet.shutdown()

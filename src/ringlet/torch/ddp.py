@@ -223,7 +223,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._in_backward = False    # a hook of this backward fired; finalisation is queued
         self._ready: list[bool] = []      # per flat index: in the bucket buffer already
         self._got_grad: list[bool] = []   # per flat index: a real gradient (not zeros for an unused param)
-        self._fresh: list[bool] = []      # per index into _params: .grad was None when the forward ran
+        self._fresh: list[bool] = []      # per flat index: .grad was None when the forward ran
         self.fresh_buffers = 0            # buckets replaced because their memory was still held (for tests)
         self._lend_gradients = True       # False: copy averages into .grad (for A/B measurements)
         self._next_launch = 0
@@ -351,7 +351,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._ready = [False] * len(self._params)
             self._got_grad = [False] * len(self._params)
             if not self.options.gradient_as_bucket_view and self._lend_gradients:
-                self._fresh = [p.grad is None for p in self._params]
+                self._fresh = [p.grad is None for p in self._flat_params()]
                 self._reclaim_buckets()
             for b in self._buckets:
                 b.pending, b.work = len(b.params), None
@@ -511,7 +511,7 @@ class DistributedDataParallel(torch.nn.Module):
                     continue  # no rank used it: leave .grad as it was, like torch
                 if p.grad is not None and _is_view_of(p.grad, avg):
                     continue  # autograd accumulated into the bucket: the average is in place
-                if as_view or (self._lend_gradients and self._fresh[self._pindex[id(p)]] and p.is_contiguous()):
+                if as_view or (self._lend_gradients and self._fresh[k] and p.is_contiguous()):
                     p.grad = avg
                     b.lent = True
                 elif p.grad is None:
