@@ -13,9 +13,10 @@ a slow stretch of the machine hits the arms alike. A round's ratio is the arm's 
 arm's in the same round; the report gives the mean ratio with its standard error, and the median.
 
 Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``ringlet.torch``'s),
-``ringlet:NAME=VALUE,...`` (keyword arguments for ringlet's DDP, numbers or true/false),
+``ringlet:NAME=VALUE,...`` (keyword arguments for ringlet's DDP: numbers, true/false or strings),
 ``torch:NAME=VALUE,...`` likewise for torch's; ``ringlet-copy`` is ringlet's DDP copying the averages
-into ``.grad`` instead of lending them (its behaviour before 2026-11-23).
+into ``.grad`` instead of lending them (its behaviour before 2026-11-23); ``local`` trains the model on each
+rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to).
 """
 from __future__ import annotations
 
@@ -39,13 +40,16 @@ import ringlet.torch
 def _value(text: str):
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    return float(text) if "." in text else int(text)
+    try:
+        return float(text) if "." in text else int(text)
+    except ValueError:
+        return text  # a string option, e.g. sufficient_factors=auto
 
 
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
-    if kind not in ("torch", "ringlet", "ringlet-copy"):
-        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...] or ringlet-copy[:k=v,...]")
+    if kind not in ("torch", "ringlet", "ringlet-copy", "local"):
+        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
 
 
@@ -71,8 +75,12 @@ def main() -> None:
         kind, opts = parse_arm(spec)
         torch.manual_seed(0)
         model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
-        wrapped = (torch.nn.parallel.DistributedDataParallel(model, **opts) if kind == "torch"
-                   else ringlet.torch.DistributedDataParallel(model, **opts))
+        if kind == "local":  # no communication at all: the compute floor of a step
+            wrapped = model
+        elif kind == "torch":
+            wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
+        else:
+            wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
             wrapped._lend_gradients = False
         arms.append((spec, wrapped, torch.optim.SGD(model.parameters(), lr=0.01)))
@@ -108,6 +116,8 @@ def main() -> None:
 
     # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
     for spec, model, _ in arms:
+        if spec == "local":
+            continue
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         ref = flat.clone()
         dist.broadcast(ref, 0)

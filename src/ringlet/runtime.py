@@ -146,12 +146,14 @@ class Runtime:
 
     # ---- execution ------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], *, sync: bool) -> Work:
-        """Run ``fn`` after every earlier submission. Synchronous calls with nothing queued run inline."""
+        """Run ``fn`` after every earlier submission. Synchronous calls with nothing queued run inline, and
+        so do synchronous calls made by a queued function itself (it already holds its place in the order:
+        a job on the communication thread may run several collectives)."""
         work = Work()
         with self._state_lock:
             if self._closed:
                 raise RuntimeError("ringlet has been shut down")
-            inline = sync and self._queued == 0
+            inline = sync and (self._queued == 0 or threading.current_thread() is self._worker)
             if not inline:
                 self._queued += 1
                 self._queue.append((fn, work))

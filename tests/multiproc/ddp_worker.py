@@ -80,10 +80,11 @@ def maxdiff(m1: torch.nn.Module, m2: torch.nn.Module) -> float:
     return max((p.detach() - q.detach()).abs().max().item() for p, q in zip(m1.parameters(), m2.parameters()))
 
 
-def reference(steps: int, world: int, micro: int = 1, extra: bool = False, momentum: float = 0.9) -> Net:
+def reference(steps: int, world: int, micro: int = 1, extra: bool = False, momentum: float = 0.9,
+              make=None) -> Net:
     """Single-process training on the concatenated batch; with ``micro`` > 1 the step's gradient is the
     mean over the micro-batches (loss / micro each), as accumulation with ``no_sync`` produces."""
-    ref = base_model(extra)
+    ref = base_model(extra) if make is None else make()
     opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=momentum)
     for s in range(steps):
         opt.zero_grad()
@@ -293,6 +294,50 @@ def case_accumulation(rank, world):
     return run
 
 
+class OutsideUse(Net):
+    """Uses ``c.weight`` outside ``c``'s forward too: its gradient is not the factors' product."""
+
+    def forward(self, x, step: int = 0, use_only0: bool = False):
+        return super().forward(x, step, use_only0) + 0.1 * self.c.weight.sum(dim=1)
+
+
+def outside_use_model() -> OutsideUse:
+    torch.manual_seed(1234)
+    return OutsideUse()
+
+
+def case_sufficient_factors(rank, world):
+    """Weight gradients of the linear layers averaged from gathered factors (from the second step on):
+    the same training as single-process, with and without accumulation, both ways of zeroing; a weight
+    also used outside its layer falls back to the dense all-reduce on every rank; "auto" leaves this tiny
+    model's layers dense."""
+    def run(numbers):
+        for micro in (1, 3):
+            for set_to_none in (True, False):
+                model = base_model()
+                ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
+                train_ddp(ddp, model, 4, rank, world, micro=micro, set_to_none=set_to_none)
+                check(ddp.factored == ["c.weight", "b.weight", "a.weight"], f"factored {ddp.factored}")
+                check(ddp.factored_reductions == 9 and ddp.factor_fallbacks == 0,
+                      f"{ddp.factored_reductions} factored, {ddp.factor_fallbacks} fallbacks")
+                d = maxdiff(model, reference(4, world, micro=micro))
+                check(d <= TOL, f"max |ddp with factors - single process| = {d} (micro={micro}, "
+                      f"set_to_none={set_to_none})")
+                numbers[f"factors_diff_{micro}_{set_to_none}"] = d
+        model = outside_use_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
+        train_ddp(ddp, model, 4, rank, world)
+        check(ddp.factor_fallbacks == 3 and ddp.factored_reductions == 6,
+              f"{ddp.factored_reductions} factored, {ddp.factor_fallbacks} fallbacks")
+        d = maxdiff(model, reference(4, world, make=outside_use_model))
+        check(d <= TOL, f"max |ddp, weight used outside its layer - single process| = {d}")
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors="auto")
+        train_ddp(ddp, model, 3, rank, world)
+        check(ddp.factored == [], f"auto factored {ddp.factored} on a 4-row batch")
+    return run
+
+
 def case_unused(rank, world):
     def run(numbers):
         for as_view in (False, True):
@@ -469,6 +514,7 @@ def main() -> int:
         ("tuned_algorithm", case_tuned_algorithm(rank, world)),
         ("rebuild_arrival_order", case_rebuild_arrival_order(rank, world)),
         ("accumulation_no_sync", case_accumulation(rank, world)),
+        ("sufficient_factors", case_sufficient_factors(rank, world)),
         ("find_unused_parameters", case_unused(rank, world)),
         ("partial_use", case_partial_use(rank, world)),
         ("unused_without_flag_raises", case_unused_error(rank, world)),

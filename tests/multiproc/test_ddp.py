@@ -17,7 +17,7 @@ from ringlet.cli.report import analyze
 JOB_TIMEOUT = 300  # seconds; a healthy job takes well under a minute here
 
 CASES = ["equiv_many_buckets", "equiv_one_bucket", "equiv_gradient_as_bucket_view", "lent_gradients", "tuned_algorithm",
-         "rebuild_arrival_order", "accumulation_no_sync", "find_unused_parameters", "partial_use",
+         "rebuild_arrival_order", "accumulation_no_sync", "sufficient_factors", "find_unused_parameters", "partial_use",
          "unused_without_flag_raises", "initial_broadcast", "stock_ddp_hooks", "timeline", "coordinated"]
 
 

@@ -88,6 +88,17 @@ class Comm:
             marks.append(_stamp())
         return Pending(work=work, marks=marks)
 
+    def submit(self, fn, timed: bool = False) -> Pending:
+        """Run ``fn`` on ringlet's communication thread, in queue order, where it may issue several
+        collectives of its own (core path only; every rank must submit the same jobs in the same order)."""
+        if self.coordinated:
+            raise RuntimeError("jobs of several collectives need ringlet's core queue, not the coordinator")
+        marks = [_stamp()] if timed else None
+        work = _core.runtime().submit(fn, sync=False)
+        if timed:
+            marks.append(_stamp())
+        return Pending(work=work, marks=marks)
+
     def broadcast_(self, t: torch.Tensor, name: str) -> Pending:
         """In-place broadcast of ``t`` from the group's first rank."""
         if self.coordinated:

@@ -64,6 +64,7 @@ from ringlet import timeline
 from ringlet.tuning import OnlineChoice
 from ringlet.types import ReduceOp
 
+from . import factors as _factors
 from .comm import Comm, Pending
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,17 @@ class DDPOptions:
     algorithm: str = "auto"
     tune: bool = True
     gradient_as_bucket_view: bool = False
+    sufficient_factors: str = "off"  # "off", "on" (every eligible layer) or "auto" (where it pays)
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo", "lent")
+    """A flat buffer of gradients all-reduced together, or (``factor`` set) one fully connected layer's
+    weight whose average is computed from gathered factors (:mod:`ringlet.torch.factors`)."""
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter]):
+    __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo", "lent",
+                 "factor", "grad", "fresh", "result")
+
+    def __init__(self, index: int, params: list[torch.nn.Parameter], factor: _factors.FactoredLinear | None = None):
         self.index = index
         self.params = params
         self.offsets: list[int] = []
@@ -101,7 +107,11 @@ class _Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.buffer = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        self.factor = factor
+        self.grad: torch.Tensor | None = None  # factor entries: the local gradient of this backward
+        self.fresh = False                     # factor entries: .grad was None when the forward ran
+        self.result: tuple | None = None       # factor entries: (average or None, used factors)
+        self.buffer = torch.zeros(0 if factor is not None else n, dtype=params[0].dtype, device=params[0].device)
         self.pending = len(params)
         self.work: Pending | None = None
         self.t_launch = 0.0
@@ -185,7 +195,7 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
-                 algorithm: str = "auto", tune: bool = True):
+                 algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = False):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
@@ -193,8 +203,12 @@ class DistributedDataParallel(torch.nn.Module):
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
+        factors = {True: "on", False: "off"}.get(sufficient_factors, sufficient_factors)
+        if factors not in ("on", "off", "auto"):
+            raise ValueError(f"sufficient_factors must be True, False or 'auto', got {sufficient_factors!r}")
         self.options = DDPOptions(float(bucket_cap_mb), float(first), bool(find_unused_parameters),
-                                  bool(broadcast_buffers), algorithm, bool(tune), bool(gradient_as_bucket_view))
+                                  bool(broadcast_buffers), algorithm, bool(tune), bool(gradient_as_bucket_view),
+                                  factors)
         self.module = module
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
         timeline.configure_from_env(_core.runtime().rank)
@@ -211,6 +225,13 @@ class DistributedDataParallel(torch.nn.Module):
                 raise ValueError("DistributedDataParallel supports dense parameters only.")
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._pindex = {id(p): i for i, p in enumerate(self._params)}
+        # Layers whose weight may be reduced from factors; which ones are is decided with the bucket rebuild.
+        self._factor_layers: list[_factors.FactoredLinear] = []
+        if factors != "off" and self._size > 1 and not self._comm.coordinated:
+            self._factor_layers = _factors.eligible_linears(module, set(self._pindex))
+        self._factored: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> its layer
+        self.factored_reductions = 0  # weight averages computed from factors (for tests and reports)
+        self.factor_fallbacks = 0     # ... and all-reduced densely because a rank's factors did not match
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
         self._set_buckets(self._layout(self._params))
@@ -282,15 +303,30 @@ class DistributedDataParallel(torch.nn.Module):
         """Parameter names per bucket, in launch order (for inspection and tests)."""
         return [[self._names.get(id(p), "?") for p in b.params] for b in self._buckets]
 
+    @property
+    def factored(self) -> list[str]:
+        """Names of the weights whose average is computed from gathered factors (empty until the second
+        step: the first one reduces everything densely and measures the layers' row counts)."""
+        return [self._names.get(id(b.params[0]), "?") for b in self._buckets if b.factor is not None]
+
     # ---- buckets ---------------------------------------------------------------------------------------
     def _layout(self, params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
         """Buckets of ``params`` filled from the end of the list (the end is expected first in backward)."""
-        layout = assign_buckets(params, int(self.options.bucket_cap_mb * _MB),
+        dense = [p for p in params if id(p) not in self._factored]
+        layout = assign_buckets(dense, int(self.options.bucket_cap_mb * _MB),
                                 int(self.options.first_bucket_cap_mb * _MB))
-        return [[params[i] for i in idx] for idx in layout]
+        entries = [[dense[i] for i in idx] for idx in layout]
+        if self._factored:
+            # One entry per factored weight, launched in the order the entries become ready: an entry is
+            # ready when its member nearest the front of ``params`` (the last expected in backward) is.
+            pos = {id(p): i for i, p in enumerate(params)}
+            entries += [[p] for p in params if id(p) in self._factored]
+            entries.sort(key=lambda ps: min(pos[id(p)] for p in ps), reverse=True)
+        return entries
 
     def _set_buckets(self, layout: list[list[torch.nn.Parameter]]) -> None:
-        self._buckets = [_Bucket(k, ps) for k, ps in enumerate(layout)]
+        self._buckets = [_Bucket(k, ps, self._factored.get(id(ps[0])) if len(ps) == 1 else None)
+                         for k, ps in enumerate(layout)]
         self._where = {}
         for b in self._buckets:
             for j, p in enumerate(b.params):
@@ -304,12 +340,23 @@ class DistributedDataParallel(torch.nn.Module):
         """
         arrival, self._arrival = list(dict.fromkeys(self._arrival or [])), None
         seen = set(arrival)
-        order = torch.tensor(arrival + [i for i in reversed(range(len(self._params))) if i not in seen],
-                             dtype=torch.int64)
+        # Rank 0 also decides which layers reduce from factors (by its row counts): one decision for all.
+        mode = self.options.sufficient_factors
+        wanted = [int(mode == "on" or _factors.worth_factoring(self._size, f.rows, f.out_features, f.in_features))
+                  for f in self._factor_layers]
+        n = len(self._params)
+        order = torch.tensor(arrival + [i for i in reversed(range(n)) if i not in seen] + wanted, dtype=torch.int64)
         if self._size > 1:
             self._comm.broadcast_(order, f"{self._prefix}.order").wait()
+        values = order.tolist()
+        self._factored = {id(f.weight): f for f, w in zip(self._factor_layers, values[n:]) if w}
+        for f in self._factor_layers:
+            f.enabled = id(f.weight) in self._factored
+        if self._factored:
+            log.info("DistributedDataParallel: weight gradients reduced from factors: %s",
+                     ", ".join(f.name for f in self._factored.values()))
         # _layout fills from the end of its list, so hand it the arrival order reversed.
-        layout = self._layout([self._params[i] for i in reversed(order.tolist())])
+        layout = self._layout([self._params[i] for i in reversed(values[:n])])
         if [[id(p) for p in ps] for ps in layout] != [[id(p) for p in b.params] for b in self._buckets]:
             log.info("DistributedDataParallel: buckets rebuilt in gradient-arrival order (%d buckets)", len(layout))
             self._set_buckets(layout)
@@ -355,6 +402,8 @@ class DistributedDataParallel(torch.nn.Module):
                 self._reclaim_buckets()
             for b in self._buckets:
                 b.pending, b.work = len(b.params), None
+                if b.factor is not None:
+                    b.grad, b.result, b.fresh = None, None, b.params[0].grad is None
             self._next_launch = 0
             if self.options.find_unused_parameters:
                 reached = _params_reached(out)
@@ -363,7 +412,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _reclaim_buckets(self) -> None:
         """Give a bucket a fresh buffer when memory it lent as ``.grad`` is held by anything else."""
         for b in self._buckets:
-            if not b.lent:
+            if not b.lent or b.factor is not None:
                 continue
             attached = sum(1 for j, p in enumerate(b.params) if p.grad is not None and _is_view_of(p.grad, b.slot(j)))
             refs = _tensors_sharing(b.buffer)
@@ -395,6 +444,11 @@ class DistributedDataParallel(torch.nn.Module):
                                "separate backward passes of one forward is not supported).")
         self._ready[k] = True
         self._got_grad[k] = grad is not None
+        if b.factor is not None:
+            b.grad = grad  # the local gradient, checked against the factors on the comm thread
+            b.pending -= 1
+            self._launch_ready()
+            return
         slot = b.slot(j)
         if grad is None:
             if p.grad is not None and _is_view_of(p.grad, slot):
@@ -448,6 +502,12 @@ class DistributedDataParallel(torch.nn.Module):
         timed = timeline.active() is not None
         b.t_launch = timeline.now_us() if timed else 0.0
         b.algo = self._tuner.current()
+        if b.factor is not None:
+            layer, grad, pairs = b.factor, b.grad, b.factor.take_pairs()
+            group, size = self._comm.group, self._size
+            b.work = self._comm.submit(lambda: _factors.gather_factors(layer, grad, pairs, group, size), timed=timed)
+            self._step_reduced = True
+            return
         b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed,
                                        check=None if b.algo not in b.validated else False, algorithm=b.algo)
         self._step_reduced = True
@@ -472,7 +532,11 @@ class DistributedDataParallel(torch.nn.Module):
         error: BaseException | None = None
         for b in self._buckets:
             try:
-                b.work.wait()
+                result = b.work.wait()
+                if b.factor is not None:
+                    # The product runs here, while the buckets after this one are still on the wire.
+                    b.result = ((_factors.average_from_factors(result, b.factor.out_features, self._size), True)
+                                if result[0] == "factors" else (result[1], False))
                 b.validated.add(b.algo)
             except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
                 error = error or exc
@@ -504,6 +568,9 @@ class DistributedDataParallel(torch.nn.Module):
         usage = self._usage.tolist() if self.options.find_unused_parameters else None
         as_view = self.options.gradient_as_bucket_view
         for b in self._buckets:
+            if b.factor is not None:
+                self._factor_result(b)
+                continue
             for j, p in enumerate(b.params):
                 k = self._where[id(p)][2]
                 avg = b.slot(j).view_as(p)
@@ -518,6 +585,21 @@ class DistributedDataParallel(torch.nn.Module):
                     p.grad = avg.clone()
                 else:
                     p.grad.copy_(avg)
+
+    def _factor_result(self, b: _Bucket) -> None:
+        avg, used = b.result
+        b.grad = b.result = None
+        if used:
+            self.factored_reductions += 1
+        else:
+            self.factor_fallbacks += 1
+        if avg is None:
+            return  # no rank had a gradient for it: leave .grad as it was, like torch
+        p = b.params[0]
+        if b.fresh or p.grad is None:
+            p.grad = avg.view_as(p)
+        else:
+            p.grad.copy_(avg.view_as(p))
 
     def _record_comm(self, tl: timeline.Timeline) -> None:
         for b in self._buckets:
