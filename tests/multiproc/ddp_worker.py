@@ -310,7 +310,7 @@ def case_sufficient_factors(rank, world):
     """Weight gradients of the linear layers averaged from gathered factors (from the second step on):
     the same training as single-process, with and without accumulation, both ways of zeroing; a weight
     also used outside its layer falls back to the dense all-reduce on every rank; "auto" leaves this tiny
-    model's layers dense."""
+    model's layers dense, and times factors against dense where a layer qualifies."""
     def run(numbers):
         for micro in (1, 3):
             for set_to_none in (True, False):
@@ -324,6 +324,15 @@ def case_sufficient_factors(rank, world):
                 check(d <= TOL, f"max |ddp with factors - single process| = {d} (micro={micro}, "
                       f"set_to_none={set_to_none})")
                 numbers[f"factors_diff_{micro}_{set_to_none}"] = d
+        # The average's memory is reused for the next step only when nothing else holds it.
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
+        train_ddp(ddp, model, 3, rank, world)
+        kept = model.a.weight.grad
+        value = kept.clone()
+        train_ddp(ddp, model, 1, rank, world)
+        check(torch.equal(kept, value), "a gradient kept across a step changed")
+        check(model.a.weight.grad.data_ptr() != kept.data_ptr(), "the kept gradient's memory was reused")
         model = outside_use_model()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
         train_ddp(ddp, model, 4, rank, world)
@@ -335,6 +344,27 @@ def case_sufficient_factors(rank, world):
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors="auto")
         train_ddp(ddp, model, 3, rank, world)
         check(ddp.factored == [], f"auto factored {ddp.factored} on a 4-row batch")
+        check(not any(c.endswith("+factors") for c in ddp._tuner.candidates), f"trials {ddp._tuner.candidates}")
+
+        # The default ("auto") with a layer worth factoring (64 x 64 on 4 rows per rank, up to 4 ranks):
+        # timed against the dense reduction over the first steps, the same choice on every rank, exact.
+        def wide():
+            return base_model(width=64)
+
+        model = wide()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
+        train_ddp(ddp, model, 20, rank, world)
+        d = maxdiff(model, reference(20, world, make=wide))
+        check(d <= TOL, f"max |ddp, factors tuned - single process| = {d}")
+        decision = ddp._tuner.decision
+        check(decision is not None and any(c.endswith("+factors") for c in decision.times),
+              f"no timed trial of factors: {decision}")
+        check(ddp.factored_reductions >= 5, f"{ddp.factored_reductions} factored reductions in the trials")
+        check(ddp.factored == (["b.weight"] if decision.choice.endswith("+factors") else []),
+              f"choice {decision.choice}, factored {ddp.factored}")
+        agree = ringlet.allgather(torch.tensor([ddp._tuner.candidates.index(decision.choice)]))
+        check(len(set(agree.tolist())) == 1, f"ranks chose differently: {agree.tolist()}")
+        numbers["factors_choice"] = decision.choice
     return run
 
 

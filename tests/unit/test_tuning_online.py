@@ -60,3 +60,22 @@ def test_margin_must_be_a_fraction():
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError):
             OnlineChoice(["a", "b"], margin=bad)
+
+
+def test_a_candidate_withdrawn_before_the_trials_is_never_tried():
+    ch = OnlineChoice(["a", "b", "c"], warmup=1, trials=1)
+    ch.record(1.0)  # warm-up only
+    ch.remove("c")
+    assert ch.candidates == ("a", "b")
+    run(ch, {"a": 1.0, "b": 2.0}, 2)
+    assert ch.ready and ch.decide([1.0, 2.0]).choice == "a"
+    ch = OnlineChoice(["a", "b"])
+    ch.remove("b")
+    assert ch.decision is not None and ch.current() == "a"
+
+
+def test_withdrawing_after_trials_started_raises():
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=2)
+    ch.record(1.0)
+    with pytest.raises(RuntimeError):
+        ch.remove("b")

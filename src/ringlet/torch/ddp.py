@@ -89,7 +89,7 @@ class DDPOptions:
     algorithm: str = "auto"
     tune: bool = True
     gradient_as_bucket_view: bool = False
-    sufficient_factors: str = "off"  # "off", "on" (every eligible layer) or "auto" (where it pays)
+    sufficient_factors: str = "auto"  # "off", "on" (every eligible layer) or "auto" (where it pays)
 
 
 class _Bucket:
@@ -195,7 +195,7 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
-                 algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = False):
+                 algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = "auto"):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
@@ -229,12 +229,15 @@ class DistributedDataParallel(torch.nn.Module):
         self._factor_layers: list[_factors.FactoredLinear] = []
         if factors != "off" and self._size > 1 and not self._comm.coordinated:
             self._factor_layers = _factors.eligible_linears(module, set(self._pindex))
-        self._factored: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> its layer
+        self._factored: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> its layer, in the active layout
+        self._chosen: dict[int, _factors.FactoredLinear] = {}    # ... the layers worth factoring (rank 0's call)
+        # Bucket sets by "factors in use": the dense one always, the factored one once layers were chosen.
+        self._sets: dict[bool, tuple[list[_Bucket], dict]] = {}
         self.factored_reductions = 0  # weight averages computed from factors (for tests and reports)
         self.factor_fallbacks = 0     # ... and all-reduced densely because a rank's factors did not match
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
-        self._set_buckets(self._layout(self._params))
+        self._buckets, self._where = self._make_buckets(self._layout(self._params, {}), {})
         # Indices into _params in the order the first reduced backward delivered them (None once rebuilt).
         self._arrival: list[int] | None = []
         self._arrival_done = False
@@ -281,6 +284,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._step_started()
             if self._arrival_done and self._arrival is not None:
                 self._rebuild_buckets()
+            self._activate(self._factors_wanted())
         if self.options.broadcast_buffers and self._size > 1:
             self._broadcast(list(self.module.buffers()), "buffers")
         tl = timeline.active()
@@ -296,7 +300,7 @@ class DistributedDataParallel(torch.nn.Module):
     def algorithm(self) -> str:
         """The all-reduce algorithm the buckets use now (during tuning: the one on trial); ``auto``
         under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces."""
-        return _core.resolve_algorithm(self._tuner.current(), _core.runtime())
+        return _core.resolve_algorithm(self._tuner.current().split("+")[0], _core.runtime())
 
     @property
     def bucket_layout(self) -> list[list[str]]:
@@ -310,27 +314,49 @@ class DistributedDataParallel(torch.nn.Module):
         return [self._names.get(id(b.params[0]), "?") for b in self._buckets if b.factor is not None]
 
     # ---- buckets ---------------------------------------------------------------------------------------
-    def _layout(self, params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
-        """Buckets of ``params`` filled from the end of the list (the end is expected first in backward)."""
-        dense = [p for p in params if id(p) not in self._factored]
+    def _layout(self, params: list[torch.nn.Parameter], factored: dict) -> list[list[torch.nn.Parameter]]:
+        """Buckets of ``params`` filled from the end of the list (the end is expected first in backward);
+        the weights in ``factored`` get an entry each."""
+        dense = [p for p in params if id(p) not in factored]
         layout = assign_buckets(dense, int(self.options.bucket_cap_mb * _MB),
                                 int(self.options.first_bucket_cap_mb * _MB))
         entries = [[dense[i] for i in idx] for idx in layout]
-        if self._factored:
+        if factored:
             # One entry per factored weight, launched in the order the entries become ready: an entry is
             # ready when its member nearest the front of ``params`` (the last expected in backward) is.
             pos = {id(p): i for i, p in enumerate(params)}
-            entries += [[p] for p in params if id(p) in self._factored]
+            entries += [[p] for p in params if id(p) in factored]
             entries.sort(key=lambda ps: min(pos[id(p)] for p in ps), reverse=True)
         return entries
 
-    def _set_buckets(self, layout: list[list[torch.nn.Parameter]]) -> None:
-        self._buckets = [_Bucket(k, ps, self._factored.get(id(ps[0])) if len(ps) == 1 else None)
-                         for k, ps in enumerate(layout)]
-        self._where = {}
-        for b in self._buckets:
+    @staticmethod
+    def _make_buckets(layout: list[list[torch.nn.Parameter]], factored: dict) -> tuple[list[_Bucket], dict]:
+        buckets = [_Bucket(k, ps, factored.get(id(ps[0])) if len(ps) == 1 else None) for k, ps in enumerate(layout)]
+        where: dict[int, tuple[_Bucket, int, int]] = {}
+        for b in buckets:
             for j, p in enumerate(b.params):
-                self._where[id(p)] = (b, j, len(self._where))
+                where[id(p)] = (b, j, len(where))
+        return buckets, where
+
+    def _factors_wanted(self) -> bool:
+        """Whether the step starting now reduces the chosen layers from factors: the candidate on trial
+        while the tuner compares with and without them, afterwards its choice; without a comparison
+        (``sufficient_factors=True``, or ``tune=False``) whenever layers were chosen."""
+        if not self._chosen:
+            return False
+        if any(c.endswith("+factors") for c in self._tuner.candidates):
+            return self._tuner.current().endswith("+factors")
+        return True
+
+    def _activate(self, factors: bool) -> None:
+        """Switch between the dense and the factored bucket sets (only between steps)."""
+        factors = factors and True in self._sets
+        if not self._sets or self._factored.keys() == (self._chosen.keys() if factors else set()):
+            return
+        self._buckets, self._where = self._sets[factors]
+        self._factored = self._chosen if factors else {}
+        for f in self._factor_layers:
+            f.enabled = id(f.weight) in self._factored
 
     def _rebuild_buckets(self) -> None:
         """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
@@ -349,17 +375,29 @@ class DistributedDataParallel(torch.nn.Module):
         if self._size > 1:
             self._comm.broadcast_(order, f"{self._prefix}.order").wait()
         values = order.tolist()
-        self._factored = {id(f.weight): f for f, w in zip(self._factor_layers, values[n:]) if w}
-        for f in self._factor_layers:
-            f.enabled = id(f.weight) in self._factored
-        if self._factored:
-            log.info("DistributedDataParallel: weight gradients reduced from factors: %s",
-                     ", ".join(f.name for f in self._factored.values()))
+        self._chosen = {id(f.weight): f for f, w in zip(self._factor_layers, values[n:]) if w}
+        if self._chosen:
+            log.info("DistributedDataParallel: weight gradients that may be reduced from factors: %s",
+                     ", ".join(f.name for f in self._chosen.values()))
         # _layout fills from the end of its list, so hand it the arrival order reversed.
-        layout = self._layout([self._params[i] for i in reversed(values[:n])])
+        ordered = [self._params[i] for i in reversed(values[:n])]
+        layout = self._layout(ordered, {})
+        dense = (self._buckets, self._where)
         if [[id(p) for p in ps] for ps in layout] != [[id(p) for p in b.params] for b in self._buckets]:
             log.info("DistributedDataParallel: buckets rebuilt in gradient-arrival order (%d buckets)", len(layout))
-            self._set_buckets(layout)
+            dense = self._make_buckets(layout, {})
+        self._sets = {False: dense}
+        if self._chosen:
+            self._sets[True] = self._make_buckets(self._layout(ordered, self._chosen), self._chosen)
+        self._buckets, self._where = dense
+        for f in self._factor_layers:
+            if id(f.weight) not in self._chosen:
+                f.remove()  # no row counts needed any more
+        self._factor_layers = list(self._chosen.values())
+        if not self._chosen:
+            for c in self._tuner.candidates:
+                if c.endswith("+factors"):
+                    self._tuner.remove(c)
 
     # ---- construction-time and per-forward broadcasts ------------------------------------------------
     def _broadcast_state(self) -> None:
@@ -469,8 +507,14 @@ class DistributedDataParallel(torch.nn.Module):
         # RINGLET_ALGORITHM is the user's choice; direct sends p(p-1) messages per step, so small groups only.
         if (not self.options.tune or algo != "auto" or self._comm.coordinated
                 or _core.resolve_algorithm(algo, _core.runtime()) != "auto" or not 3 <= self._size <= 8):
-            return (algo,)
-        return ("auto", "direct")
+            base: tuple[str, ...] = (algo,)
+        else:
+            base = ("auto", "direct")
+        # "auto" factors are timed against the dense reduction (only worth it where the network is slow).
+        if (self.options.sufficient_factors == "auto" and self._factor_layers and self.options.tune
+                and not self._comm.coordinated):
+            base += (base[0] + "+factors",)
+        return base
 
     def _step_started(self) -> None:
         """At the first forward of a step: time the previous one (if it reduced) and decide when due."""
@@ -492,6 +536,12 @@ class DistributedDataParallel(torch.nn.Module):
         log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
                  decision.choice, per_rank)
         timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
+        # The set not chosen is dropped (its buffers, and the factor capture when dense won).
+        if True in self._sets and not decision.choice.endswith("+factors"):
+            for f in self._factor_layers:
+                f.remove()
+            self._chosen, self._factor_layers = {}, []
+            del self._sets[True]
 
     def _launch_ready(self) -> None:
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
@@ -501,7 +551,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _launch(self, b: _Bucket) -> None:
         timed = timeline.active() is not None
         b.t_launch = timeline.now_us() if timed else 0.0
-        b.algo = self._tuner.current()
+        b.algo = self._tuner.current().split("+")[0]
         if b.factor is not None:
             layer, grad, pairs = b.factor, b.grad, b.factor.take_pairs()
             group, size = self._comm.group, self._size
@@ -535,7 +585,8 @@ class DistributedDataParallel(torch.nn.Module):
                 result = b.work.wait()
                 if b.factor is not None:
                     # The product runs here, while the buckets after this one are still on the wire.
-                    b.result = ((_factors.average_from_factors(result, b.factor.out_features, self._size), True)
+                    b.result = ((_factors.average_from_factors(result, b.factor.out_features, self._size,
+                                                               self._reusable_out(b)), True)
                                 if result[0] == "factors" else (result[1], False))
                 b.validated.add(b.algo)
             except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
@@ -586,6 +637,17 @@ class DistributedDataParallel(torch.nn.Module):
                 else:
                     p.grad.copy_(avg)
 
+    def _reusable_out(self, b: _Bucket) -> torch.Tensor | None:
+        """The layer's last average if nothing holds it any more but, possibly, the weight's ``.grad``
+        view (about to be overwritten with the new average anyway)."""
+        out = b.factor.out
+        if out is None:
+            return None
+        g = b.params[0].grad
+        refs = _tensors_sharing(out)
+        attached = 1 if g is not None and g.data_ptr() == out.data_ptr() and g.numel() == out.numel() else 0
+        return out if refs is not None and refs <= 1 + attached else None
+
     def _factor_result(self, b: _Bucket) -> None:
         avg, used = b.result
         b.grad = b.result = None
@@ -596,9 +658,11 @@ class DistributedDataParallel(torch.nn.Module):
         if avg is None:
             return  # no rank had a gradient for it: leave .grad as it was, like torch
         p = b.params[0]
+        if used:
+            b.factor.out = avg
         if b.fresh or p.grad is None:
             p.grad = avg.view_as(p)
-        else:
+        elif p.grad.data_ptr() != avg.data_ptr():
             p.grad.copy_(avg.view_as(p))
 
     def _record_comm(self, tl: timeline.Timeline) -> None:

@@ -42,7 +42,8 @@ class FactoredLinear:
     """Factor capture for one ``nn.Linear``: ``rows`` seen by its last forward, completed ``pairs``
     ``(δ rows, input rows)`` since the last reduction (only while ``enabled``)."""
 
-    __slots__ = ("name", "module", "weight", "out_features", "in_features", "rows", "pairs", "enabled", "_handle")
+    __slots__ = ("name", "module", "weight", "out_features", "in_features", "rows", "pairs", "enabled", "out",
+                 "_handle")
 
     def __init__(self, name: str, module: torch.nn.Linear):
         self.name = name
@@ -52,6 +53,7 @@ class FactoredLinear:
         self.rows = 0
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.enabled = False
+        self.out: torch.Tensor | None = None  # the last average, reused when nothing else holds it
         self._handle = module.register_forward_hook(self._forward_hook, prepend=True)
 
     def _forward_hook(self, module, args, out) -> None:
@@ -155,11 +157,16 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
 
 
 @torch.no_grad()
-def average_from_factors(gathered: tuple, out_features: int, size: int) -> torch.Tensor | None:
-    """The group average ``(1/p) Δᵀ X`` from :func:`gather_factors`' rows (None when no rank had any)."""
+def average_from_factors(gathered: tuple, out_features: int, size: int,
+                         out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The group average ``(1/p) Δᵀ X`` from :func:`gather_factors`' rows (None when no rank had any),
+    written into ``out`` when given (a fresh large tensor costs page faults on every step)."""
     _, rows, spans = gathered
     m = out_features
     body = torch.cat([rows[start:start + k] for start, k in spans if k]) if any(k for _, k in spans) else None
     if body is None:
         return None
-    return torch.mm(body[:, :m].mul_(1.0 / size).t(), body[:, m:])
+    d, x = body[:, :m].mul_(1.0 / size).t(), body[:, m:]
+    if out is not None and out.shape == (m, x.shape[1]) and out.dtype == x.dtype:
+        return torch.mm(d, x, out=out)
+    return torch.mm(d, x)

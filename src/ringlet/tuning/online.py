@@ -74,6 +74,18 @@ class OnlineChoice:
             self._times[self.current()].append(float(seconds))
         self._steps += 1
 
+    def remove(self, candidate: str) -> None:
+        """Withdraw ``candidate`` before any trial was timed (it turned out not to apply); with one
+        candidate left, that one is the decision."""
+        if self.decision is not None or candidate not in self.candidates:
+            return
+        if any(self._times.values()):
+            raise RuntimeError("candidates can only be withdrawn before the trials start")
+        self.candidates = tuple(c for c in self.candidates if c != candidate)
+        del self._times[candidate]
+        if len(self.candidates) == 1:
+            self.decision = Decision(self.candidates[0], {})
+
     @property
     def ready(self) -> bool:
         """Every candidate has its trials; a decision is due."""

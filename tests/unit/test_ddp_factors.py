@@ -1,0 +1,118 @@
+"""Sufficient factors of fully connected layers (ringlet.torch.factors), in one process: which layers
+qualify, when factoring pays, the per-rank guard, and the average computed from gathered rows against
+the explicit sum of the ranks' gradients. The multi-process equivalence lives in
+tests/multiproc/ddp_worker.py (case sufficient_factors)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ringlet.torch import factors
+
+
+class Scaled(torch.nn.Linear):
+    def forward(self, x):  # not nn.Linear's forward: its gradient need not factor
+        return 2 * super().forward(x)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = torch.nn.Linear(8, 16)
+        self.scaled = Scaled(16, 16)
+        self.frozen = torch.nn.Linear(16, 16)
+        self.frozen.weight.requires_grad_(False)
+        self.tied_a = torch.nn.Linear(16, 16)
+        self.tied_b = torch.nn.Linear(16, 16)
+        self.tied_b.weight = self.tied_a.weight
+        self.seq = torch.nn.Sequential(torch.nn.Linear(16, 4))
+
+
+def test_eligible_layers_are_plain_untied_trainable_linears():
+    m = Model()
+    trainable = {id(p) for p in m.parameters() if p.requires_grad}
+    names = [f.name for f in factors.eligible_linears(m, trainable)]
+    assert names == ["plain", "seq.0"]
+
+
+@pytest.mark.parametrize("size, rows, m, n, expected", [
+    (4, 32, 512, 4096, True),     # the CNN's first fully connected layer: 0.6 M gathered vs 2.1 M
+    (4, 32, 10, 512, False),      # its last layer: the factors are larger than the gradient
+    (4, 4096, 4096, 4096, False),  # a transformer's MLP over 8 x 512 tokens
+    (1, 32, 512, 4096, False),    # nothing to reduce
+    (4, 0, 512, 4096, False),     # the layer saw no rows
+])
+def test_worth_factoring(size, rows, m, n, expected):
+    assert factors.worth_factoring(size, rows, m, n) is expected
+
+
+def grads_and_factors(model_seed: int, rows: int):
+    torch.manual_seed(model_seed)
+    lin = torch.nn.Linear(12, 5)
+    layer = factors.FactoredLinear("lin", lin)
+    layer.enabled = True
+    x = torch.randint(-3, 4, (rows, 3, 12)).float()  # leading dims beyond the batch are rows too
+    F.mse_loss(lin(x), torch.zeros(rows, 3, 5)).backward()
+    return lin, layer
+
+
+def test_capture_reproduces_the_local_gradient_and_the_guard_accepts_it():
+    lin, layer = grads_and_factors(0, 4)
+    pairs = layer.take_pairs()
+    assert len(pairs) == 1 and pairs[0][0].shape == (12, 5) and pairs[0][1].shape == (12, 12)
+    d = torch.cat([p[0] for p in pairs])
+    a = torch.cat([p[1] for p in pairs])
+    assert torch.allclose(d.t() @ a, lin.weight.grad, atol=1e-6)
+    assert factors._matches(lin.weight.grad, d, a)
+    assert not factors._matches(lin.weight.grad + 0.01, d, a)  # e.g. a .grad that held values before
+    assert not factors._matches(None, d, a) and factors._matches(None, d[:0], a[:0])
+    assert factors._matches(torch.zeros(5, 12), d[:0], a[:0]) and not factors._matches(torch.ones(5, 12), d[:0], a[:0])
+    layer.remove()
+
+
+def test_pairs_of_a_gradient_set_to_none_are_dropped_and_no_grad_forwards_add_nothing():
+    lin, layer = grads_and_factors(0, 4)
+    lin.weight.grad = None
+    with torch.no_grad():
+        lin(torch.ones(2, 12))
+    assert len(layer.pairs) == 1  # a forward without autograd changes nothing
+    F.mse_loss(lin(torch.ones(2, 12)), torch.zeros(2, 5)).backward()
+    assert len(layer.pairs) == 1 and layer.pairs[0][1].shape == (2, 12)
+    lin(torch.ones(2, 12))  # a forward whose output never reaches a backward adds no pair
+    assert len(layer.pairs) == 1
+    layer.remove()
+
+
+@pytest.mark.parametrize("ranks, rows", [(2, [4, 4]), (3, [1, 0, 7]), (4, [5, 5, 5, 5])])
+def test_average_from_gathered_rows_equals_the_mean_of_the_gradients(ranks, rows):
+    grads, packs = [], []
+    for r in range(ranks):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(12, 5)
+        layer = factors.FactoredLinear("lin", lin)
+        layer.enabled = True
+        torch.manual_seed(100 + r)  # every rank its own batch
+        x = torch.randint(-3, 4, (rows[r], 3, 12)).float()
+        if rows[r]:
+            F.mse_loss(lin(x), torch.zeros(rows[r], 3, 5), reduction="sum").backward()
+        pairs = layer.take_pairs()
+        layer.remove()
+        grads.append(lin.weight.grad if lin.weight.grad is not None else torch.zeros(5, 12))
+        d = torch.cat([p[0] for p in pairs]) if pairs else torch.zeros(0, 5)
+        a = torch.cat([p[1] for p in pairs]) if pairs else torch.zeros(0, 12)
+        pack = torch.zeros(1 + d.shape[0], 17)  # the layout gather_factors sends: header row, then [δ | x]
+        pack[0, 0], pack[0, 1] = 1.0, float(d.shape[0])
+        pack[1:, :5], pack[1:, 5:] = d, a
+        packs.append(pack)
+    rows_all = torch.cat(packs)
+    spans, off = [], 0
+    for p in packs:
+        spans.append((off + 1, p.shape[0] - 1))
+        off += p.shape[0]
+    want = sum(grads) / ranks
+    avg = factors.average_from_factors(("factors", rows_all.clone(), spans), 5, ranks)
+    assert torch.allclose(avg, want, atol=1e-4), (avg - want).abs().max()
+    out = torch.empty(5, 12)
+    assert factors.average_from_factors(("factors", rows_all.clone(), spans), 5, ranks, out=out) is out
+    assert torch.allclose(out, want, atol=1e-4)
+    empty = ("factors", torch.zeros(ranks, 17), [(i + 1, 0) for i in range(ranks)])
+    assert factors.average_from_factors(empty, 5, ranks) is None
