@@ -25,6 +25,14 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   views it lent still holds its memory (a gradient kept across steps keeps its values); when
   ``.grad`` still is the lent view (``zero_grad(set_to_none=False)``, ``no_sync``), autograd accumulates
   straight into the bucket and nothing is copied in either;
+* ``sufficient_factors="auto"`` (default): the weight of a plain ``nn.Linear`` whose gradient is much
+  smaller as factors than dense (rank 0's rows of the first step: ``2·p·rows·(in+out) <= in·out``, e.g. a
+  large fully connected layer on a small batch) is averaged from every rank's layer inputs and output
+  gradients, gathered, instead of all-reduced (:mod:`ringlet.torch.factors`: exact up to rounding, checked
+  on every rank every step, with a dense all-reduce on all ranks when any check fails). With the tuner
+  on, those steps are timed against the dense reduction (five each) and kept only if faster by more than
+  3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors every eligible layer untimed,
+  ``False`` never. Under ``ringlet.torch``'s coordinator it is off;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -185,8 +193,9 @@ class DistributedDataParallel(torch.nn.Module):
     (default: the world). ``algorithm``: ringlet all-reduce algorithm for the buckets; ``tune``: with
     ``"auto"``, pick between candidates by timing the first training steps (see the module doc). ``device_ids``,
     ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
-    effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ringlet must be
-    initialised first.
+    effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ``sufficient_factors``:
+    ``"auto"``, ``True`` or ``False``, whether large fully connected layers are averaged from gathered
+    factors (see the module doc). ringlet must be initialised first.
     """
 
     _instances = 0  # wrappers created in this process: names their ops in coordinated mode
