@@ -294,6 +294,8 @@ class DistributedDataParallel(torch.nn.Module):
             if self._arrival_done and self._arrival is not None:
                 self._rebuild_buckets()
             self._activate(self._factors_wanted())
+        for f in self._factored.values():
+            f.enabled = True  # capture from the DDP's forwards until the layer's reduction is launched
         if self.options.broadcast_buffers and self._size > 1:
             self._broadcast(list(self.module.buffers()), "buffers")
         tl = timeline.active()
@@ -365,7 +367,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._buckets, self._where = self._sets[factors]
         self._factored = self._chosen if factors else {}
         for f in self._factor_layers:
-            f.enabled = id(f.weight) in self._factored
+            f.enabled = False
+            f.pairs.clear()
 
     def _rebuild_buckets(self) -> None:
         """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
@@ -551,6 +554,8 @@ class DistributedDataParallel(torch.nn.Module):
                 f.remove()
             self._chosen, self._factor_layers = {}, []
             del self._sets[True]
+        elif True in self._sets:
+            del self._sets[False]
 
     def _launch_ready(self) -> None:
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
@@ -563,6 +568,7 @@ class DistributedDataParallel(torch.nn.Module):
         b.algo = self._tuner.current().split("+")[0]
         if b.factor is not None:
             layer, grad, pairs = b.factor, b.grad, b.factor.take_pairs()
+            layer.enabled = False  # every pair of this window is in: backward reached the weight
             group, size = self._comm.group, self._size
             b.work = self._comm.submit(lambda: _factors.gather_factors(layer, grad, pairs, group, size), timed=timed)
             self._step_reduced = True

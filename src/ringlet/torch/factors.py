@@ -40,7 +40,10 @@ _CHECK_RTOL = 1e-4
 
 class FactoredLinear:
     """Factor capture for one ``nn.Linear``: ``rows`` seen by its last forward, completed ``pairs``
-    ``(δ rows, input rows)`` since the last reduction (only while ``enabled``)."""
+    ``(δ rows, input rows)`` since the last reduction. Pairs are captured only while ``enabled``, which
+    the DDP sets from its forward until it launches the layer's reduction: forwards of the bare module
+    outside that window add gradient but no pairs, which the guard then catches (dense reduction), and
+    a module used without its DDP wrapper holds no activations."""
 
     __slots__ = ("name", "module", "weight", "out_features", "in_features", "rows", "pairs", "enabled", "out",
                  "_handle")
