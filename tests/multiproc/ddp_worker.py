@@ -370,40 +370,50 @@ def case_sufficient_factors(rank, world):
 
 def case_unused(rank, world):
     def run(numbers):
-        for as_view in (False, True):
+        for as_view, factors in ((False, False), (True, False), (False, True)):
             model = base_model(extra=True)
             dead0 = model.dead.weight.detach().clone()
             ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True,
-                                          gradient_as_bucket_view=as_view)
+                                          gradient_as_bucket_view=as_view, sufficient_factors=factors)
             train_ddp(ddp, model, 4, rank, world, momentum=0.0)
             d = maxdiff(model, reference(4, world, extra=True, momentum=0.0))
-            check(d <= TOL, f"max |ddp - single process| with unused parameters (views: {as_view}) = {d}")
+            check(d <= TOL, f"max |ddp - single process| with unused parameters (views: {as_view}, "
+                  f"factors: {factors}) = {d}")
+            check(not factors or "side.weight" in ddp.factored, f"factored: {ddp.factored}")
             check(model.dead.weight.grad is None, "a parameter unused on every rank got a gradient")
             check(torch.equal(model.dead.weight.detach(), dead0), "an unused parameter changed")
     return run
 
 
 def case_partial_use(rank, world):
-    """``only0`` is used by rank 0 alone: its gradient is rank 0's divided by the world size."""
+    """``only0`` is used by rank 0 alone: its gradient is rank 0's divided by the world size, also when
+    it is averaged from factors (only rank 0 has any)."""
     def run(numbers):
-        model = base_model(extra=True)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True)
-        x, y = batch(1, world)  # odd step: ``side`` unused everywhere too
-        F.mse_loss(ddp(mine(x, rank), 1, use_only0=rank == 0), mine(y, rank)).backward()
-        refs = []
-        for r in range(world):
-            m = base_model(extra=True)
-            F.mse_loss(m(mine(x, r), 1, use_only0=r == 0), mine(y, r)).backward()
-            refs.append(m)
-        for name, p in model.named_parameters():
-            grads = [dict(m.named_parameters())[name].grad for m in refs]
-            if all(g is None for g in grads):
-                check(p.grad is None, f"{name}: unused everywhere but has a gradient")
-                continue
-            want = sum(g if g is not None else torch.zeros_like(p) for g in grads) / world
-            check(p.grad is not None, f"{name}: no gradient")
-            d = (p.grad - want).abs().max().item()
-            check(d <= TOL, f"{name}: gradient off by {d}")
+        for factors in (False, True):
+            model = base_model(extra=True)
+            ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True,
+                                          sufficient_factors=factors)
+            if factors:  # the first step reduces densely and picks the layers; the next one uses factors
+                train_ddp(ddp, model, 1, rank, world)
+                model.zero_grad()
+            x, y = batch(1, world)  # odd step: ``side`` unused everywhere too
+            F.mse_loss(ddp(mine(x, rank), 1, use_only0=rank == 0), mine(y, rank)).backward()
+            check(not factors or "only0.weight" in ddp.factored, f"factored: {ddp.factored}")
+            refs = []
+            for r in range(world):
+                m = base_model(extra=True)
+                m.load_state_dict(model.state_dict())
+                F.mse_loss(m(mine(x, r), 1, use_only0=r == 0), mine(y, r)).backward()
+                refs.append(m)
+            for name, p in model.named_parameters():
+                grads = [dict(m.named_parameters())[name].grad for m in refs]
+                if all(g is None for g in grads):
+                    check(p.grad is None, f"{name}: unused everywhere but has a gradient (factors: {factors})")
+                    continue
+                want = sum(g if g is not None else torch.zeros_like(p) for g in grads) / world
+                check(p.grad is not None, f"{name}: no gradient (factors: {factors})")
+                d = (p.grad - want).abs().max().item()
+                check(d <= TOL, f"{name}: gradient off by {d} (factors: {factors})")
     return run
 
 
