@@ -14,7 +14,8 @@ arm's in the same round; the report gives the mean ratio with its standard error
 
 Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``ringlet.torch``'s),
 ``ringlet:NAME=VALUE,...`` (keyword arguments for ringlet's DDP: numbers, true/false or strings),
-``torch:NAME=VALUE,...`` likewise for torch's; ``ringlet-copy`` is ringlet's DDP copying the averages
+``torch:NAME=VALUE,...`` likewise for torch's (a NAME starting with ``_`` sets that attribute of the
+wrapper after construction: private A/B knobs such as ``ringlet:_factor_gather=direct``); ``ringlet-copy`` is ringlet's DDP copying the averages
 into ``.grad`` instead of lending them (its behaviour before 2026-11-23); ``local`` trains the model on each
 rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to).
 """
@@ -75,12 +76,18 @@ def main() -> None:
         kind, opts = parse_arm(spec)
         torch.manual_seed(0)
         model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
+        private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
+        opts = {k: v for k, v in opts.items() if not k.startswith("_")}
         if kind == "local":  # no communication at all: the compute floor of a step
             wrapped = model
         elif kind == "torch":
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
         else:
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
+        for k, v in private.items():
+            if not hasattr(wrapped, k):
+                raise SystemExit(f"arm {spec!r}: no attribute {k}")
+            setattr(wrapped, k, v)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
             wrapped._lend_gradients = False
         arms.append((spec, wrapped, torch.optim.SGD(model.parameters(), lr=0.01)))

@@ -386,7 +386,10 @@ def reduce_async_(tensor, root_rank, op=ReduceOp.SUM, group=None) -> Work:
 
 
 # ---- all-gather (ragged first dimension) --------------------------------------------------------
-def _run_allgather(rt, g, grank, tensor) -> torch.Tensor:
+_ALLGATHER = {"ring": ring.allgather, "direct": direct.allgather}
+
+
+def _run_allgather(rt, g, grank, tensor, algorithm: str = "ring") -> torch.Tensor:
     tag = rt.next_tag(g)
     rec = _meta_record(ALLGATHER, tensor)
     if g.size > 1 and rt.transport.native_digest and _digest_agrees(rt, g, rec):
@@ -409,27 +412,37 @@ def _run_allgather(rt, g, grank, tensor) -> torch.Tensor:
     off = sum(counts[:grank])
     flat[off:off + counts[grank]].copy_(tensor.reshape(-1))
     if g.size > 1 and sum(counts) > 0:
-        sched = ring.allgather(g.size, counts)
+        sched = _ALLGATHER[algorithm](g.size, counts)
         executor.execute(sched, grank, rt.transport, (flat,), 0, peers=g.ranks, tag=tag,
                          segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
     return out
 
 
-def allgather_async(tensor: torch.Tensor, group: Group | None = None) -> Work:
+def _allgather_algorithm(algorithm: str) -> str:
+    if algorithm not in _ALLGATHER:
+        raise ValueError(f"unknown all-gather algorithm {algorithm!r}; choose from {sorted(_ALLGATHER)}")
+    return algorithm
+
+
+def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring") -> Work:
     rt = runtime()
     _check_tensor(tensor)
+    algorithm = _allgather_algorithm(algorithm)
     g, grank = _group(rt, group)
     src = tensor.clone()
-    return rt.submit(lambda: _run_allgather(rt, g, grank, src), sync=False)
+    return rt.submit(lambda: _run_allgather(rt, g, grank, src, algorithm), sync=False)
 
 
-def allgather(tensor: torch.Tensor, group: Group | None = None) -> torch.Tensor:
+def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring") -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (sizes of dim 0 may differ; other dims must match).
-    A 0-d tensor is treated as one row."""
+    A 0-d tensor is treated as one row. ``algorithm``: ``"ring"`` (p-1 steps to the next rank) or
+    ``"direct"`` (one step: every rank sends its block to every other; fewer dependent steps for ranks
+    that cannot react at once, p-1 connections per rank)."""
     rt = runtime()
     _check_tensor(tensor)
+    algorithm = _allgather_algorithm(algorithm)
     g, grank = _group(rt, group)
-    return rt.submit(lambda: _run_allgather(rt, g, grank, tensor), sync=True).wait()
+    return rt.submit(lambda: _run_allgather(rt, g, grank, tensor, algorithm), sync=True).wait()
 
 
 # ---- reduce-scatter -----------------------------------------------------------------------------

@@ -81,7 +81,8 @@ def test_reduce_returns_input_on_non_roots(p):
 
 @pytest.mark.parametrize("p", WORLDS)
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
-def test_allgather_ragged(p, lazy):
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
+def test_allgather_ragged(p, lazy, algorithm):
     layouts = {
         "ragged": [(r * 2) % 3 for r in range(p)],  # zeros on some ranks
         "all_zero": [0] * p,
@@ -94,8 +95,8 @@ def test_allgather_ragged(p, lazy):
     names = list(inputs)
 
     def fn(rank):
-        outs = [ringlet.allgather(inputs[name][rank]) for name in names]
-        outs.append(ringlet.allgather_async(inputs["ragged"][rank]).wait())
+        outs = [ringlet.allgather(inputs[name][rank], algorithm=algorithm) for name in names]
+        outs.append(ringlet.allgather_async(inputs["ragged"][rank], algorithm=algorithm).wait())
         return outs
 
     res = run_world(p, fn, lazy=lazy)
@@ -104,6 +105,11 @@ def test_allgather_ragged(p, lazy):
         expected = reference.allgather(ins)
         assert_all_equal([res[r][i] for r in range(p)], expected, f"allgather {name}")
     assert_all_equal([res[r][-1] for r in range(p)], reference.allgather(inputs["ragged"]), "allgather_async")
+
+
+def test_allgather_unknown_algorithm_is_a_clear_error():
+    res = run_world(1, lambda rank: pytest.raises(ValueError, ringlet.allgather, torch.ones(2), algorithm="tree"))
+    assert "unknown all-gather algorithm" in str(res[0].value)
 
 
 @pytest.mark.parametrize("p", [2, 5])

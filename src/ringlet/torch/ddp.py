@@ -244,6 +244,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._sets: dict[bool, tuple[list[_Bucket], dict]] = {}
         self.factored_reductions = 0  # weight averages computed from factors (for tests and reports)
         self.factor_fallbacks = 0     # ... and all-reduced densely because a rank's factors did not match
+        self._factor_gather = "ring"  # all-gather algorithm of the factors (for A/B measurements)
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
         self._buckets, self._where = self._make_buckets(self._layout(self._params, {}), {})
@@ -569,8 +570,9 @@ class DistributedDataParallel(torch.nn.Module):
         if b.factor is not None:
             layer, grad, pairs = b.factor, b.grad, b.factor.take_pairs()
             layer.enabled = False  # every pair of this window is in: backward reached the weight
-            group, size = self._comm.group, self._size
-            b.work = self._comm.submit(lambda: _factors.gather_factors(layer, grad, pairs, group, size), timed=timed)
+            group, size, algo = self._comm.group, self._size, self._factor_gather
+            b.work = self._comm.submit(lambda: _factors.gather_factors(layer, grad, pairs, group, size, algo),
+                                       timed=timed)
             self._step_reduced = True
             return
         b.work = self._comm.allreduce_(b.buffer, ReduceOp.AVG, f"{self._prefix}.bucket{b.index}", timed=timed,

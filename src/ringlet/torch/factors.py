@@ -125,7 +125,8 @@ def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor) -> boo
 
 
 @torch.no_grad()
-def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, group, size: int):
+def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, group, size: int,
+                   algorithm: str = "ring"):
     """Every rank's factors for ``layer``, or the dense average if some rank's factors do not match its
     gradient. Runs where collectives may be issued (ringlet's communication thread); ``grad``: this
     rank's local accumulated gradient (None if the weight got none). Returns ``("factors", rows, spans)``
@@ -145,7 +146,7 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     pack[0, 1] = float(k)  # exact in fp32 up to 2^24 rows
     pack[1:, :m] = d
     pack[1:, m:] = a
-    rows = ringlet.allgather(pack, group=group)
+    rows = ringlet.allgather(pack, group=group, algorithm=algorithm)
     spans, ok, off = [], True, 0
     for _ in range(size):
         kr = int(rows[off, 1])
