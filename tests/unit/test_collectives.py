@@ -286,3 +286,23 @@ def test_rank_and_size_queries():
     res = run_world(4, lambda rank: (ringlet.rank(), ringlet.size(), ringlet.local_rank(), ringlet.local_size(),
                                      ringlet.cross_rank(), ringlet.cross_size()))
     assert res == [(r, 4, r, 4, 0, 1) for r in range(4)]
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_a_queued_job_may_run_collectives_of_its_own(p):
+    """A job on the communication thread (as DDP's factor gather) issues synchronous collectives: they
+    run inline, in the job's place in the queue, instead of waiting behind the job forever."""
+    from ringlet.torch.comm import Comm
+
+    def fn(rank):
+        comm = Comm()
+        before = ringlet.allreduce_async(torch.tensor([1.0]))  # queued ahead of the job
+        job = comm.submit(lambda: (ringlet.allgather(torch.tensor([rank])),
+                                   ringlet.allreduce(torch.tensor([float(rank)]))))
+        after = ringlet.allreduce_async(torch.tensor([2.0]))
+        gathered, total = job.wait()
+        return before.wait(), gathered, total, after.wait()
+
+    for before, gathered, total, after in run_world(p, fn):
+        assert before.item() == p and after.item() == 2 * p
+        assert gathered.tolist() == list(range(p)) and total.item() == sum(range(p))

@@ -93,8 +93,14 @@ class Comm:
         collectives of its own (core path only; every rank must submit the same jobs in the same order)."""
         if self.coordinated:
             raise RuntimeError("jobs of several collectives need ringlet's core queue, not the coordinator")
+        rt = _core.runtime()
+
+        def job():
+            with _core.use_runtime(rt):  # the caller's runtime, also where runtimes are per thread (tests)
+                return fn()
+
         marks = [_stamp()] if timed else None
-        work = _core.runtime().submit(fn, sync=False)
+        work = rt.submit(job, sync=False)
         if timed:
             marks.append(_stamp())
         return Pending(work=work, marks=marks)
