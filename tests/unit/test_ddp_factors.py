@@ -25,13 +25,25 @@ class Model(torch.nn.Module):
         self.tied_b = torch.nn.Linear(16, 16)
         self.tied_b.weight = self.tied_a.weight
         self.seq = torch.nn.Sequential(torch.nn.Linear(16, 4))
+        self.half = torch.nn.Linear(16, 16).to(torch.bfloat16)  # the row count must stay exact in the header
 
 
-def test_eligible_layers_are_plain_untied_trainable_linears():
+def test_eligible_layers_are_plain_untied_trainable_fp32_or_fp64_linears():
     m = Model()
     trainable = {id(p) for p in m.parameters() if p.requires_grad}
     names = [f.name for f in factors.eligible_linears(m, trainable)]
     assert names == ["plain", "seq.0"]
+
+
+def test_the_guard_leaves_torchs_default_random_stream_alone():
+    lin, layer = grads_and_factors(0, 4)
+    d, a = layer.pairs[0]
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    assert factors._matches(lin.weight.grad, d, a, layer.generator)
+    assert torch.equal(torch.rand(3), want)
+    layer.remove()
 
 
 @pytest.mark.parametrize("size, rows, m, n, expected", [

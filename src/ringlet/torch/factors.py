@@ -46,7 +46,7 @@ class FactoredLinear:
     a module used without its DDP wrapper holds no activations."""
 
     __slots__ = ("name", "module", "weight", "out_features", "in_features", "rows", "pairs", "enabled", "out",
-                 "_handle")
+                 "generator", "_handle")
 
     def __init__(self, name: str, module: torch.nn.Linear):
         self.name = name
@@ -57,6 +57,9 @@ class FactoredLinear:
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.enabled = False
         self.out: torch.Tensor | None = None  # the last average, reused when nothing else holds it
+        # The guard's random directions: never from torch's default generator, whose stream (dropout,
+        # shuffling) must stay what the training script seeded.
+        self.generator = torch.Generator(device=self.weight.device).manual_seed(0x5F1C)
         self._handle = module.register_forward_hook(self._forward_hook, prepend=True)
 
     def _forward_hook(self, module, args, out) -> None:
@@ -94,8 +97,8 @@ def eligible_linears(module: torch.nn.Module, params: set[int]) -> list[Factored
     for name, m in module.named_modules():
         if (isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
                 and isinstance(m.weight, torch.nn.Parameter) and id(m.weight) in params
-                and uses[id(m.weight)] == 1 and m.weight.layout == torch.strided and m.weight.is_floating_point()
-                and m.weight.dim() == 2):
+                and uses[id(m.weight)] == 1 and m.weight.layout == torch.strided
+                and m.weight.dtype in (torch.float32, torch.float64) and m.weight.dim() == 2):
             out.append(FactoredLinear(name, m))
     return out
 
@@ -108,7 +111,8 @@ def worth_factoring(size: int, rows: int, out_features: int, in_features: int) -
     return size > 1 and rows > 0 and 2 * size * rows * (out_features + in_features) <= out_features * in_features
 
 
-def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor) -> bool:
+def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor,
+             generator: torch.Generator | None = None) -> bool:
     """Whether ``grad`` is ``dᵀ a``, tested on a random direction (one pass over ``grad`` instead of the
     product and a comparison): ``grad v`` against ``dᵀ(a v)``, to a tolerance of the magnitude of the
     terms summed. A missed or extra contribution is of the order of that magnitude."""
@@ -118,7 +122,7 @@ def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor) -> boo
         return False
     if d.shape[0] == 0:
         return not bool(grad.any())
-    v = torch.randn(a.shape[1], dtype=grad.dtype, device=grad.device)
+    v = torch.randn(a.shape[1], dtype=grad.dtype, device=grad.device, generator=generator)
     diff = torch.mv(grad, v).sub_(torch.mv(d.t(), torch.mv(a, v)))
     scale = torch.mv(d.t().abs(), torch.mv(a.abs(), v.abs()))
     return bool(diff.abs_().max() <= _CHECK_RTOL * scale.max())
@@ -142,8 +146,8 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     k = d.shape[0]
     pack = torch.empty(1 + k, m + n, dtype=w.dtype, device=w.device)
     pack[0].zero_()
-    pack[0, 0] = 1.0 if _matches(grad, d, a) else 0.0
-    pack[0, 1] = float(k)  # exact in fp32 up to 2^24 rows
+    pack[0, 0] = 1.0 if _matches(grad, d, a, layer.generator) else 0.0
+    pack[0, 1] = float(k)  # exact up to 2^24 rows (fp32) / 2^53 (fp64), the only dtypes factored
     pack[1:, :m] = d
     pack[1:, m:] = a
     rows = ringlet.allgather(pack, group=group, algorithm=algorithm)
