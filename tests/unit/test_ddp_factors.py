@@ -128,3 +128,37 @@ def test_average_from_gathered_rows_equals_the_mean_of_the_gradients(ranks, rows
     assert torch.allclose(out, want, atol=1e-4)
     empty = ("factors", torch.zeros(ranks, 17), [(i + 1, 0) for i in range(ranks)])
     assert factors.average_from_factors(empty, 5, ranks) is None
+
+
+def test_under_autocast_the_guard_allows_the_rounding_of_autograds_bf16_product_only():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    layer = factors.FactoredLinear("lin", lin)
+    layer.enabled = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lin(torch.randn(16, 64))
+    F.mse_loss(out.float(), torch.zeros(16, 32)).backward()
+    pairs = layer.take_pairs()
+    layer.remove()
+    assert pairs[0][0].dtype == torch.bfloat16 and lin.weight.grad.dtype == torch.float32
+    tol = factors._tolerance(pairs)
+    assert tol == 8 * torch.finfo(torch.bfloat16).eps
+    assert factors._tolerance([(torch.zeros(1), torch.zeros(1))]) == factors._CHECK_RTOL
+    d, a = (torch.cat([p[i] for p in pairs]).float() for i in (0, 1))
+    assert factors._matches(lin.weight.grad, d, a, layer.generator, tol)
+    assert not factors._matches(lin.weight.grad, d, a, layer.generator)  # fp32's tolerance: too tight here
+    assert not factors._matches(lin.weight.grad * 1.5, d, a, layer.generator, tol)  # a missing third is caught
+
+
+@pytest.mark.parametrize("rows, n", [(32, 4096), (4, 64)])
+def test_the_guard_catches_a_stale_gradient_a_tenth_the_size_in_a_large_layer(rows, n):
+    """The tolerance is relative to a random-sign sum of the terms, not to their absolute sum, which in
+    a 512 x 4096 layer is hundreds of times larger and would hide a whole missing micro-batch."""
+    torch.manual_seed(0)
+    d, a = torch.randn(rows, 512), torch.randn(rows, n)
+    grad = d.t() @ a
+    gen = torch.Generator().manual_seed(1)
+    assert factors._matches(grad, d, a, gen)
+    stale = (torch.randn(rows, 512).t() @ torch.randn(rows, n)) * 0.1
+    assert not factors._matches(grad + stale, d, a, gen)
+    assert not factors._matches(grad + stale * 5, d, a, gen, 8 * torch.finfo(torch.bfloat16).eps)

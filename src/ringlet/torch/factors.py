@@ -33,8 +33,8 @@ from ringlet.types import ReduceOp
 __all__ = ["FactoredLinear", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors"]
 
 # A rank's factors must reproduce its gradient, along a random direction, to this fraction of the
-# magnitude of the terms summed: fp32 sums in another order differ by ~1e-6 of it, a missed contribution
-# by the order of it.
+# root-sum-square of the terms summed (the size of a random-sign sum of them): fp32 rounding differs by
+# ~1e-6 of it, a missed or stale contribution of relative size r by about r of it.
 _CHECK_RTOL = 1e-4
 
 
@@ -112,10 +112,10 @@ def worth_factoring(size: int, rows: int, out_features: int, in_features: int) -
 
 
 def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor,
-             generator: torch.Generator | None = None) -> bool:
-    """Whether ``grad`` is ``dᵀ a``, tested on a random direction (one pass over ``grad`` instead of the
-    product and a comparison): ``grad v`` against ``dᵀ(a v)``, to a tolerance of the magnitude of the
-    terms summed. A missed or extra contribution is of the order of that magnitude."""
+             generator: torch.Generator | None = None, rtol: float = _CHECK_RTOL) -> bool:
+    """Whether ``grad`` is ``dᵀ a``, tested on a random direction (a pass over ``grad`` instead of the
+    product and a comparison): each row of ``grad v`` against ``dᵀ(a v)``, to ``rtol`` of the row's
+    root-sum-square of ``grad ∘ v``."""
     if grad is None:
         return d.shape[0] == 0
     if grad.shape != (d.shape[1], a.shape[1]):
@@ -123,9 +123,16 @@ def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor,
     if d.shape[0] == 0:
         return not bool(grad.any())
     v = torch.randn(a.shape[1], dtype=grad.dtype, device=grad.device, generator=generator)
-    diff = torch.mv(grad, v).sub_(torch.mv(d.t(), torch.mv(a, v)))
-    scale = torch.mv(d.t().abs(), torch.mv(a.abs(), v.abs()))
-    return bool(diff.abs_().max() <= _CHECK_RTOL * scale.max())
+    terms = grad * v
+    diff = terms.sum(dim=1).sub_(torch.mv(d.t(), torch.mv(a, v))).abs_()
+    return bool((diff <= rtol * torch.linalg.vector_norm(terms, dim=1)).all())
+
+
+def _tolerance(pairs: list) -> float:
+    """The guard's tolerance for factors captured in ``pairs``' dtypes: under autocast (bf16 / fp16 δ
+    and x) autograd's own product was rounded to that precision, so it is allowed a few of its ulps."""
+    eps = max((torch.finfo(t.dtype).eps for pair in pairs for t in pair if t.is_floating_point()), default=0.0)
+    return max(_CHECK_RTOL, 8 * eps) if eps > torch.finfo(torch.float32).eps else _CHECK_RTOL
 
 
 @torch.no_grad()
@@ -146,7 +153,7 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     k = d.shape[0]
     pack = torch.empty(1 + k, m + n, dtype=w.dtype, device=w.device)
     pack[0].zero_()
-    pack[0, 0] = 1.0 if _matches(grad, d, a, layer.generator) else 0.0
+    pack[0, 0] = 1.0 if _matches(grad, d, a, layer.generator, _tolerance(pairs)) else 0.0
     pack[0, 1] = float(k)  # exact up to 2^24 rows (fp32) / 2^53 (fp64), the only dtypes factored
     pack[1:, :m] = d
     pack[1:, m:] = a
