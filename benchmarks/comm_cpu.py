@@ -23,26 +23,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import synthetic_benchmark  # its per-thread /proc reader
 
 import ringlet
 
 
 def thread_ns() -> dict[str, int]:
     """{"name[tid]": CPU ns} for every thread of this process."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                out[f"{name}[{tid}]"] = int(f.read().split()[0])
-        except OSError:
-            continue
-    return out
+    return {f"{name}[{tid}]": ns for tid, (name, _, _, _, ns) in synthetic_benchmark._thread_cpu().items()}
 
 
 def main() -> None:

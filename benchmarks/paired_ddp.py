@@ -116,8 +116,8 @@ def main() -> None:
             times[spec].append((time.perf_counter() - t0) / args.steps)
             cpu[spec].append((time.process_time() - c0) / args.steps)
             faults[spec] += synthetic_benchmark._minor_faults() - f0
-            for tid, (name, user, system, _) in synthetic_benchmark._thread_cpu().items():
-                _, user0, system0, _ = th0.get(tid, (name, 0.0, 0.0, 0))
+            for tid, (name, user, system, _, _) in synthetic_benchmark._thread_cpu().items():
+                _, user0, system0, _, _ = th0.get(tid, (name, 0.0, 0.0, 0, 0))
                 key = f"{name}[{tid}]"
                 thread_ms[spec][key] = thread_ms[spec].get(key, 0.0) + user + system - user0 - system0
 

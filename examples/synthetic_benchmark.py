@@ -66,8 +66,8 @@ def setup(mode, model, optimizer, ddp_options=None, hvd_groups=None):
 
 
 def _thread_cpu():
-    """{thread id: (name, user ms, system ms, minor faults)} of this process, from /proc (times in kernel
-    clock ticks, usually 10 ms)."""
+    """{thread id: (name, user ms, system ms, minor faults, CPU ns)} of this process, from /proc (user and
+    system in kernel clock ticks, usually 10 ms; CPU ns from schedstat, 0 where the kernel lacks it)."""
     tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
     out = {}
     for tid in os.listdir("/proc/self/task"):
@@ -78,7 +78,12 @@ def _thread_cpu():
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(tid)] = (name, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms, int(fields[7]))
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            ns = 0
+        out[int(tid)] = (name, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms, int(fields[7]), ns)
     return out
 
 
@@ -156,8 +161,8 @@ def main():
     # tells whether a step pays for communication's CPU or for waiting.
     faults = (_minor_faults() - faults0) / steps
     log(f"CPU per step: {cpu_ms:.1f} ms of {wall_ms:.1f} ms wall, {faults:.0f} page faults (rank 0, all threads)")
-    for tid, (name, user, system, flt) in sorted(_thread_cpu().items()) if args.thread_cpu else ():
-        _, user0, system0, flt0 = threads0.get(tid, (name, 0.0, 0.0, 0))
+    for tid, (name, user, system, flt, _) in sorted(_thread_cpu().items()) if args.thread_cpu else ():
+        _, user0, system0, flt0, _ = threads0.get(tid, (name, 0.0, 0.0, 0, 0))
         log(f"  thread {tid} {name}: user {(user - user0) / steps:.1f} ms, system {(system - system0) / steps:.1f} ms, "
             f"{(flt - flt0) / steps:.0f} page faults per step")
     mean = sum(rates) / len(rates)

@@ -105,7 +105,7 @@ class _Bucket:
     weight whose average is computed from gathered factors (:mod:`ringlet.torch.factors`)."""
 
     __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo", "lent",
-                 "factor", "grad", "fresh", "result")
+                 "factor", "grad", "result")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter], factor: _factors.FactoredLinear | None = None):
         self.index = index
@@ -117,7 +117,6 @@ class _Bucket:
             n += p.numel()
         self.factor = factor
         self.grad: torch.Tensor | None = None  # factor entries: the local gradient of this backward
-        self.fresh = False                     # factor entries: .grad was None when the forward ran
         self.result: tuple | None = None       # factor entries: (average or None, used factors)
         self.buffer = torch.zeros(0 if factor is not None else n, dtype=params[0].dtype, device=params[0].device)
         self.pending = len(params)
@@ -238,8 +237,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._factor_layers: list[_factors.FactoredLinear] = []
         if factors != "off" and self._size > 1 and not self._comm.coordinated:
             self._factor_layers = _factors.eligible_linears(module, set(self._pindex))
-        self._factored: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> its layer, in the active layout
-        self._chosen: dict[int, _factors.FactoredLinear] = {}    # ... the layers worth factoring (rank 0's call)
+        self._chosen: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> layer worth factoring (rank 0's call)
+        self._factors_on = False  # the active bucket set is the factored one
         # Bucket sets by "factors in use": the dense one always, the factored one once layers were chosen.
         self._sets: dict[bool, tuple[list[_Bucket], dict]] = {}
         self.factored_reductions = 0  # weight averages computed from factors (for tests and reports)
@@ -295,8 +294,9 @@ class DistributedDataParallel(torch.nn.Module):
             if self._arrival_done and self._arrival is not None:
                 self._rebuild_buckets()
             self._activate(self._factors_wanted())
-        for f in self._factored.values():
-            f.enabled = True  # capture from the DDP's forwards until the layer's reduction is launched
+        if self._factors_on:
+            for f in self._chosen.values():
+                f.enabled = True  # capture from the DDP's forwards until the layer's reduction is launched
         if self.options.broadcast_buffers and self._size > 1:
             self._broadcast(list(self.module.buffers()), "buffers")
         tl = timeline.active()
@@ -363,10 +363,10 @@ class DistributedDataParallel(torch.nn.Module):
     def _activate(self, factors: bool) -> None:
         """Switch between the dense and the factored bucket sets (only between steps)."""
         factors = factors and True in self._sets
-        if not self._sets or self._factored.keys() == (self._chosen.keys() if factors else set()):
+        if not self._sets or factors == self._factors_on:
             return
         self._buckets, self._where = self._sets[factors]
-        self._factored = self._chosen if factors else {}
+        self._factors_on = factors
         for f in self._factor_layers:
             f.enabled = False
             f.pairs.clear()
@@ -448,13 +448,12 @@ class DistributedDataParallel(torch.nn.Module):
                 self._arrival = []  # an earlier backward that failed half-way must not count
             self._ready = [False] * len(self._params)
             self._got_grad = [False] * len(self._params)
+            self._fresh = [p.grad is None for p in self._flat_params()]
             if not self.options.gradient_as_bucket_view and self._lend_gradients:
-                self._fresh = [p.grad is None for p in self._flat_params()]
                 self._reclaim_buckets()
             for b in self._buckets:
                 b.pending, b.work = len(b.params), None
-                if b.factor is not None:
-                    b.grad, b.result, b.fresh = None, None, b.params[0].grad is None
+                b.grad = b.result = None
             self._next_launch = 0
             if self.options.find_unused_parameters:
                 reached = _params_reached(out)
@@ -662,7 +661,7 @@ class DistributedDataParallel(torch.nn.Module):
             return None
         g = b.params[0].grad
         refs = _tensors_sharing(out)
-        attached = 1 if g is not None and g.data_ptr() == out.data_ptr() and g.numel() == out.numel() else 0
+        attached = 1 if g is not None and _is_view_of(g, out) else 0
         return out if refs is not None and refs <= 1 + attached else None
 
     def _factor_result(self, b: _Bucket) -> None:
@@ -677,7 +676,7 @@ class DistributedDataParallel(torch.nn.Module):
         p = b.params[0]
         if used:
             b.factor.out = avg
-        if b.fresh or p.grad is None:
+        if self._fresh[self._where[id(p)][2]] or p.grad is None:
             p.grad = avg.view_as(p)
         elif p.grad.data_ptr() != avg.data_ptr():
             p.grad.copy_(avg.view_as(p))
