@@ -365,6 +365,16 @@ def case_sufficient_factors(rank, world):
         agree = ringlet.allgather(torch.tensor([ddp._tuner.candidates.index(decision.choice)]))
         check(len(set(agree.tolist())) == 1, f"ranks chose differently: {agree.tolist()}")
         numbers["factors_choice"] = decision.choice
+
+        # sufficient_factors=True keeps every chosen layer factored past the tuner's choice of algorithm
+        # (on 3+ ranks it times "auto" against "direct" over the first steps, factors not on trial).
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
+        train_ddp(ddp, model, 20, rank, world)
+        check(ddp.factored == ["c.weight", "b.weight", "a.weight"] and ddp.factored_reductions == 3 * 19,
+              f"after the tuner ({ddp._tuner.decision}): factored {ddp.factored}, {ddp.factored_reductions} reductions")
+        d = maxdiff(model, reference(20, world))
+        check(d <= TOL, f"max |ddp, factors forced through tuning - single process| = {d}")
     return run
 
 

@@ -548,8 +548,10 @@ class DistributedDataParallel(torch.nn.Module):
         log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
                  decision.choice, per_rank)
         timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
-        # The set not chosen is dropped (its buffers, and the factor capture when dense won).
-        if True in self._sets and not decision.choice.endswith("+factors"):
+        # The set not chosen is dropped (its buffers, and the factor capture when dense won). With
+        # sufficient_factors=True the factors were not on trial: the tuner only picked the algorithm.
+        on_trial = any(c.endswith("+factors") for c in decision.times)
+        if True in self._sets and on_trial and not decision.choice.endswith("+factors"):
             for f in self._factor_layers:
                 f.remove()
             self._chosen, self._factor_layers = {}, []
