@@ -389,10 +389,13 @@ def reduce_async_(tensor, root_rank, op=ReduceOp.SUM, group=None) -> Work:
 _ALLGATHER = {"ring": ring.allgather, "direct": direct.allgather}
 
 
-def _run_allgather(rt, g, grank, tensor, algorithm: str = "ring") -> torch.Tensor:
+def _run_allgather(rt, g, grank, tensor, algorithm: str = "ring", sizes: tuple[int, ...] | None = None,
+                   check: bool = True) -> torch.Tensor:
     tag = rt.next_tag(g)
     rec = _meta_record(ALLGATHER, tensor)
-    if g.size > 1 and rt.transport.native_digest and _digest_agrees(rt, g, rec):
+    if g.size > 1 and sizes is not None and not check:
+        dim0s = list(sizes)  # the caller vouches for every member's first dimension
+    elif g.size > 1 and rt.transport.native_digest and _digest_agrees(rt, g, rec):
         # Every member's record equals this one, first dimension included: nothing to exchange.
         dim0s = [tensor.shape[0] if tensor.dim() else 1] * g.size
     elif g.size > 1:
@@ -415,6 +418,10 @@ def _run_allgather(rt, g, grank, tensor, algorithm: str = "ring") -> torch.Tenso
         sched = _ALLGATHER[algorithm](g.size, counts)
         executor.execute(sched, grank, rt.transport, (flat,), 0, peers=g.ranks, tag=tag,
                          segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout, workspace=rt.workspace)
+    if sizes is not None and dim0s != list(sizes):
+        # Raised after the data moved by the exchanged sizes, so that members whose lists were right
+        # are not left waiting for this one.
+        raise ValueError(f"allgather: sizes={list(sizes)} given, but the members' first dimensions are {dim0s}")
     return out
 
 
@@ -424,25 +431,48 @@ def _allgather_algorithm(algorithm: str) -> str:
     return algorithm
 
 
-def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring") -> Work:
+def _allgather_sizes(tensor: torch.Tensor, g: Group, grank: int, sizes) -> tuple[int, ...] | None:
+    if sizes is None:
+        return None
+    sizes = tuple(int(s) for s in sizes)
+    own = tensor.shape[0] if tensor.dim() else 1
+    if len(sizes) != g.size or any(s < 0 for s in sizes) or sizes[grank] != own:
+        raise ValueError(f"allgather: sizes must list the group's {g.size} first dimensions, this rank's "
+                         f"({own}) at position {grank}; got {list(sizes)}")
+    return sizes
+
+
+def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
+                    sizes=None, check: bool | None = None) -> Work:
     rt = runtime()
     _check_tensor(tensor)
     algorithm = _allgather_algorithm(algorithm)
     g, grank = _group(rt, group)
+    sizes = _allgather_sizes(tensor, g, grank, sizes)
+    check = rt.options.check if check is None else bool(check)
     src = tensor.clone()
-    return rt.submit(lambda: _run_allgather(rt, g, grank, src, algorithm), sync=False)
+    return rt.submit(lambda: _run_allgather(rt, g, grank, src, algorithm, sizes, check), sync=False)
 
 
-def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring") -> torch.Tensor:
+def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
+              sizes=None, check: bool | None = None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (sizes of dim 0 may differ; other dims must match).
     A 0-d tensor is treated as one row. ``algorithm``: ``"ring"`` (p-1 steps to the next rank) or
     ``"direct"`` (one step: every rank sends its block to every other; fewer dependent steps for ranks
-    that cannot react at once, p-1 connections per rank)."""
+    that cannot react at once, p-1 connections per rank).
+
+    ``sizes``: every member's first dimension in group-rank order, when every caller knows them (MPI's
+    ``Allgatherv`` counts). With ``check=False`` the data then moves at once, without the exchange that
+    otherwise comes first; the lists must agree on every rank, or the result is wrong or the call times
+    out. With checking on (default: ``RINGLET_CHECK``) the sizes are verified against the exchanged ones
+    and a ``ValueError`` raised on every rank if they differ."""
     rt = runtime()
     _check_tensor(tensor)
     algorithm = _allgather_algorithm(algorithm)
     g, grank = _group(rt, group)
-    return rt.submit(lambda: _run_allgather(rt, g, grank, tensor, algorithm), sync=True).wait()
+    sizes = _allgather_sizes(tensor, g, grank, sizes)
+    check = rt.options.check if check is None else bool(check)
+    return rt.submit(lambda: _run_allgather(rt, g, grank, tensor, algorithm, sizes, check), sync=True).wait()
 
 
 # ---- reduce-scatter -----------------------------------------------------------------------------

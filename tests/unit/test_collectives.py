@@ -97,6 +97,12 @@ def test_allgather_ragged(p, lazy, algorithm):
     def fn(rank):
         outs = [ringlet.allgather(inputs[name][rank], algorithm=algorithm) for name in names]
         outs.append(ringlet.allgather_async(inputs["ragged"][rank], algorithm=algorithm).wait())
+        # Sizes known to every caller: without the exchange (check=False) and verified (check on).
+        for check in (False, None):
+            outs += [ringlet.allgather(inputs[name][rank], algorithm=algorithm, sizes=layouts[name], check=check)
+                     for name in layouts]
+            outs.append(ringlet.allgather_async(inputs["ragged"][rank], algorithm=algorithm,
+                                                sizes=layouts["ragged"], check=check).wait())
         return outs
 
     res = run_world(p, fn, lazy=lazy)
@@ -104,7 +110,32 @@ def test_allgather_ragged(p, lazy, algorithm):
         ins = inputs[name]
         expected = reference.allgather(ins)
         assert_all_equal([res[r][i] for r in range(p)], expected, f"allgather {name}")
-    assert_all_equal([res[r][-1] for r in range(p)], reference.allgather(inputs["ragged"]), "allgather_async")
+    assert_all_equal([res[r][len(names)] for r in range(p)], reference.allgather(inputs["ragged"]), "allgather_async")
+    sized = list(layouts) + ["ragged"]
+    for i, name in enumerate(sized + sized):
+        assert_all_equal([res[r][len(names) + 1 + i] for r in range(p)], reference.allgather(inputs[name]),
+                         f"allgather {name} with sizes")
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_allgather_sizes_that_do_not_match_raise_and_the_next_op_works(p):
+    def fn(rank):
+        t = torch.full((rank + 1, 2), float(rank))
+        with pytest.raises(ValueError, match="this rank's"):
+            ringlet.allgather(t, sizes=[1] * (p + 1))  # wrong length: raised before any data moves
+        wrong = [r + 1 for r in range(p)]
+        wrong[-1] += rank == 0  # only rank 0's list is wrong: it raises, the others get the data
+        try:
+            got = ringlet.allgather(t, sizes=wrong)
+        except ValueError as e:
+            got = e
+        return got, ringlet.allgather(t, sizes=[r + 1 for r in range(p)], check=False)
+
+    res = run_world(p, fn)
+    expected = reference.allgather([torch.full((r + 1, 2), float(r)) for r in range(p)])
+    assert isinstance(res[0][0], ValueError) and "first dimensions are" in str(res[0][0])
+    assert_all_equal([res[r][0] for r in range(1, p)], expected[1:], "allgather, right sizes")
+    assert_all_equal([res[r][1] for r in range(p)], expected, "allgather after the error")
 
 
 def test_allgather_unknown_algorithm_is_a_clear_error():

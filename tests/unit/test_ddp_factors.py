@@ -48,6 +48,8 @@ def test_the_guard_leaves_torchs_default_random_stream_alone():
 
 @pytest.mark.parametrize("size, rows, m, n, expected", [
     (4, 32, 512, 4096, True),     # the CNN's first fully connected layer: 0.6 M gathered vs 2.1 M
+    (4, 64, 512, 4096, True),     # ... on 64 rows: 1.2 M
+    (4, 128, 512, 4096, False),   # ... on 128 rows: 2.4 M, more than the gradient
     (4, 32, 10, 512, False),      # its last layer: the factors are larger than the gradient
     (4, 4096, 4096, 4096, False),  # a transformer's MLP over 8 x 512 tokens
     (1, 32, 512, 4096, False),    # nothing to reduce
@@ -162,3 +164,57 @@ def test_the_guard_catches_a_stale_gradient_a_tenth_the_size_in_a_large_layer(ro
     stale = (torch.randn(rows, 512).t() @ torch.randn(rows, n)) * 0.1
     assert not factors._matches(grad + stale, d, a, gen)
     assert not factors._matches(grad + stale * 5, d, a, gen, 8 * torch.finfo(torch.bfloat16).eps)
+
+
+def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank_has_more_rows(monkeypatch):
+    """Over in-process ranks: the first gather exchanges sizes; later ones send ``capacity`` rows padded,
+    without that exchange, and one a rank overflows is done again by the actual sizes. Every step's
+    average equals the mean of the ranks' gradients and every rank agrees on the capacity."""
+    import ringlet
+    from conftest import run_world
+
+    p = 3
+    plan = [[2, 3, 1], [2, 3, 1], [4, 1, 0], [1, 1, 1], [1, 0, 1]]  # rows per rank, step by step
+    want_capacity = [3, 3, 4, 1, 1]
+    calls = []  # (rank, sizes given) per allgather
+    gather = ringlet.allgather
+
+    def counting(t, *a, **k):
+        calls.append((ringlet.rank(), k.get("sizes") is not None))
+        return gather(t, *a, **k)
+
+    monkeypatch.setattr(factors.ringlet, "allgather", counting)
+
+    def fn(rank):
+        out = []
+        for s, rows in enumerate(plan):
+            torch.manual_seed(0)
+            lin = torch.nn.Linear(12, 5)
+            layer = factors.FactoredLinear("lin", lin) if s == 0 else layer
+            if s:
+                layer.module, layer.weight = lin, lin.weight  # the same capture state, a fresh gradient
+                layer._handle.remove()
+                layer._handle = lin.register_forward_hook(layer._forward_hook, prepend=True)
+            layer.enabled = True
+            torch.manual_seed(100 * s + rank)
+            if rows[rank]:
+                x = torch.randint(-3, 4, (rows[rank], 12)).float()
+                F.mse_loss(lin(x), torch.zeros(rows[rank], 5), reduction="sum").backward()
+            got = factors.gather_factors(layer, lin.weight.grad, layer.take_pairs(), None, p)
+            assert got[0] == "factors"
+            avg = factors.average_from_factors(got, 5, p)
+            grad = lin.weight.grad if lin.weight.grad is not None else torch.zeros(5, 12)
+            out.append((avg if avg is not None else torch.zeros(5, 12), grad, layer.capacity))
+        layer.remove()
+        return out
+
+    res = run_world(p, fn)
+    for s in range(len(plan)):
+        want = sum(res[r][s][1] for r in range(p)) / p
+        for r in range(p):
+            avg, _, cap = res[r][s]
+            assert torch.allclose(avg, want, atol=1e-4), (s, r, (avg - want).abs().max())
+            assert cap == want_capacity[s], (s, r, cap)
+    # Per rank: step 0 by exchanged sizes, steps 1 and 3-4 sized only, step 2 sized then again.
+    for r in range(p):
+        assert [sized for rank, sized in calls if rank == r] == [False, True, True, False, True, True], calls

@@ -25,8 +25,8 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   views it lent still holds its memory (a gradient kept across steps keeps its values); when
   ``.grad`` still is the lent view (``zero_grad(set_to_none=False)``, ``no_sync``), autograd accumulates
   straight into the bucket and nothing is copied in either;
-* ``sufficient_factors="auto"`` (default): the weight of a plain ``nn.Linear`` whose gradient is much
-  smaller as factors than dense (rank 0's rows of the first step: ``2·p·rows·(in+out) <= in·out``, e.g. a
+* ``sufficient_factors="auto"`` (default): the weight of a plain ``nn.Linear`` whose gradient is
+  smaller as factors than dense (rank 0's rows of the first step: ``p·rows·(in+out) < in·out``, e.g. a
   large fully connected layer on a small batch) is averaged from every rank's layer inputs and output
   gradients, gathered, instead of all-reduced (:mod:`ringlet.torch.factors`: exact up to rounding, checked
   on every rank every step, with a dense all-reduce on all ranks when any check fails). With the tuner

@@ -46,7 +46,7 @@ class FactoredLinear:
     a module used without its DDP wrapper holds no activations."""
 
     __slots__ = ("name", "module", "weight", "out_features", "in_features", "rows", "pairs", "enabled", "out",
-                 "generator", "_handle")
+                 "generator", "capacity", "_handle")
 
     def __init__(self, name: str, module: torch.nn.Linear):
         self.name = name
@@ -60,6 +60,9 @@ class FactoredLinear:
         # The guard's random directions: never from torch's default generator, whose stream (dropout,
         # shuffling) must stay what the training script seeded.
         self.generator = torch.Generator(device=self.weight.device).manual_seed(0x5F1C)
+        # Rows per rank of the last gather, the same on every rank (read from the gathered headers): the
+        # next gather sends that many rows, padded, without first exchanging sizes.
+        self.capacity: int | None = None
         self._handle = module.register_forward_hook(self._forward_hook, prepend=True)
 
     def _forward_hook(self, module, args, out) -> None:
@@ -104,11 +107,11 @@ def eligible_linears(module: torch.nn.Module, params: set[int]) -> list[Factored
 
 
 def worth_factoring(size: int, rows: int, out_features: int, in_features: int) -> bool:
-    """Whether gathering factors beats all-reducing the gradient: the gathered factors (``size·rows·(M+N)``
-    numbers) must be at most half the gradient (``M·N``), i.e. each rank receives at most about a third
-    of what a ring all-reduce moves. The product it costs runs at ~100 GFLOP/s on one CPU core, so
-    on networks slower than ~10 Gbit/s the bytes decide."""
-    return size > 1 and rows > 0 and 2 * size * rows * (out_features + in_features) <= out_features * in_features
+    """Whether gathering factors may beat all-reducing the gradient: the gathered factors
+    (``size·rows·(M+N)`` numbers) must be fewer than the gradient's (``M·N``), so each rank receives less than
+    half of what a ring all-reduce moves (``2(p-1)/p·M·N``). The product it costs (``2·size·rows·M·N``
+    flops) is not counted here: the DDP's step tuner times it against the dense reduction."""
+    return size > 1 and rows > 0 and size * rows * (out_features + in_features) < out_features * in_features
 
 
 def _matches(grad: torch.Tensor | None, d: torch.Tensor, a: torch.Tensor,
@@ -148,7 +151,12 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     """Every rank's factors for ``layer``, or the dense average if some rank's factors do not match its
     gradient. Runs where collectives may be issued (ringlet's communication thread); ``grad``: this
     rank's local accumulated gradient (None if the weight got none). Returns ``("factors", rows, spans)``
-    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``."""
+    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``.
+
+    Once a gather has shown every rank's row count, the next one sends ``layer.capacity`` rows per rank
+    (the largest count seen, padded) with no exchange of sizes first: one collective, no metadata round,
+    where every rank must otherwise wait for the slowest twice. A rank with more rows than that says so
+    in its header and every rank then gathers again by the actual sizes."""
     w = layer.weight
     m, n = layer.out_features, layer.in_features
     if pairs:
@@ -158,20 +166,35 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
         d = torch.zeros(0, m, dtype=w.dtype, device=w.device)
         a = torch.zeros(0, n, dtype=w.dtype, device=w.device)
     k = d.shape[0]
-    pack = torch.empty(1 + k, m + n, dtype=w.dtype, device=w.device)
-    pack[0].zero_()
-    pack[0, 0] = 1.0 if _matches(grad, d, a, layer.generator, _tolerance(pairs)) else 0.0
-    pack[0, 1] = float(k)  # exact up to 2^24 rows (fp32) / 2^53 (fp64), the only dtypes factored
-    pack[1:, :m] = d
-    pack[1:, m:] = a
-    rows = ringlet.allgather(pack, group=group, algorithm=algorithm)
-    spans, ok, off = [], True, 0
-    for _ in range(size):
-        kr = int(rows[off, 1])
-        ok = ok and bool(rows[off, 0] == 1.0)
-        spans.append((off + 1, kr))
-        off += 1 + kr
-    if not ok:
+    verdict = 1.0 if _matches(grad, d, a, layer.generator, _tolerance(pairs)) else 0.0
+
+    def pack(rows_sent: int) -> torch.Tensor:
+        out = torch.empty(1 + rows_sent, m + n, dtype=w.dtype, device=w.device)
+        out[0].zero_()
+        out[0, 0] = verdict
+        out[0, 1] = float(k)  # exact up to 2^24 rows (fp32) / 2^53 (fp64), the only dtypes factored
+        kept = min(k, rows_sent)
+        out[1:1 + kept, :m] = d[:kept]
+        out[1:1 + kept, m:] = a[:kept]
+        if kept < rows_sent:
+            out[1 + kept:].zero_()  # padding: never read, but no stale memory on the wire
+        return out
+
+    cap = layer.capacity
+    if cap is not None:
+        rows = ringlet.allgather(pack(cap), group=group, algorithm=algorithm, sizes=[1 + cap] * size, check=False)
+        starts = [r * (1 + cap) for r in range(size)]
+        counts = [int(rows[s, 1]) for s in starts]
+    if cap is None or max(counts) > cap:
+        rows = ringlet.allgather(pack(k), group=group, algorithm=algorithm)
+        starts, off = [], 0
+        for _ in range(size):
+            starts.append(off)
+            off += 1 + int(rows[off, 1])
+        counts = [int(rows[s, 1]) for s in starts]
+    layer.capacity = max(counts)
+    spans = [(s + 1, c) for s, c in zip(starts, counts)]
+    if not all(bool(rows[s, 0] == 1.0) for s in starts):
         dense = grad.clone() if grad is not None else torch.zeros_like(w)
         ringlet.allreduce_(dense, op=ReduceOp.AVG, group=group)
         return "dense", dense
