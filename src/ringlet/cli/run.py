@@ -205,6 +205,51 @@ class _Forwarder:
 
 
 # ---- torch / shm: torch's elastic agent ----------------------------------------------------------
+EXIT_ACK_KEY = "ringlet/exit_acks"
+EXIT_ACK_TIMEOUT = 30.0  # seconds node 0's agent keeps the store up for agents still leaving the barrier
+
+
+def exit_barrier_holding_store(barrier, timeout: float | None = None):
+    """Torch's agent exit barrier followed by a count-out that keeps the job's store up until every agent
+    has left it.
+
+    Node 0's agent hosts the job's TCPStore. Torch's barrier releases all agents when the last arrives;
+    node 0's then returns, its process exits and the store goes with it, and an agent still receiving
+    its release logs "Failed to recv" with a C++ backtrace although the job succeeded (about one
+    multi-host run in three on the emulated cluster). Here every agent counts itself out after the
+    barrier, and node 0's waits for all of them (``timeout``, default :data:`EXIT_ACK_TIMEOUT`)."""
+    def run(agent) -> None:
+        barrier(agent)
+        store, group = agent._store, agent._worker_group
+        try:
+            left = store.add(EXIT_ACK_KEY, 1)
+            if group.group_rank != 0:
+                return
+            deadline = time.monotonic() + (EXIT_ACK_TIMEOUT if timeout is None else timeout)
+            while left < group.group_world_size and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = store.add(EXIT_ACK_KEY, 0)
+        except Exception:  # noqa: BLE001 - the workers succeeded; the count-out must not turn that into a failure
+            pass
+
+    return run
+
+
+class _HoldStore:
+    """Install :func:`exit_barrier_holding_store` on torch's elastic agent for one launch."""
+
+    def __enter__(self):
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+        self._cls, self._orig = SimpleElasticAgent, SimpleElasticAgent._exit_barrier
+        SimpleElasticAgent._exit_barrier = exit_barrier_holding_store(self._orig)
+        return self
+
+    def __exit__(self, *exc):
+        self._cls._exit_barrier = self._orig
+        return False
+
+
 def _elastic(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, backend: str,
              run_id: str, env: dict) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -224,7 +269,8 @@ def _elastic(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint: 
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs")),
     )
     try:
-        elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
+        with _HoldStore():
+            elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
         return 0
     except ChildFailedError as exc:
         rec = root_cause(run_dir)
