@@ -464,8 +464,9 @@ def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str =
     ``sizes``: every member's first dimension in group-rank order, when every caller knows them (MPI's
     ``Allgatherv`` counts). With ``check=False`` the data then moves at once, without the exchange that
     otherwise comes first; the lists must agree on every rank, or the result is wrong or the call times
-    out. With checking on (default: ``RINGLET_CHECK``) the sizes are verified against the exchanged ones
-    and a ``ValueError`` raised on every rank if they differ."""
+    out. With checking on (default: ``RINGLET_CHECK``) the sizes are verified against the exchanged ones:
+    a rank whose list differs raises ``ValueError`` once the data has moved (by the exchanged sizes), so
+    the ranks whose lists were right complete the call."""
     rt = runtime()
     _check_tensor(tensor)
     algorithm = _allgather_algorithm(algorithm)

@@ -215,8 +215,8 @@ def exit_barrier_holding_store(barrier, timeout: float | None = None):
 
     Node 0's agent hosts the job's TCPStore. Torch's barrier releases all agents when the last arrives;
     node 0's then returns, its process exits and the store goes with it, and an agent still receiving
-    its release logs "Failed to recv" with a C++ backtrace although the job succeeded (about one
-    multi-host run in three on the emulated cluster). Here every agent counts itself out after the
+    its release logs "Failed to recv" with a C++ backtrace although the job succeeded (3 of about 25
+    long multi-host runs on the emulated cluster). Here every agent counts itself out after the
     barrier, and node 0's waits for all of them (``timeout``, default :data:`EXIT_ACK_TIMEOUT`)."""
     def run(agent) -> None:
         barrier(agent)
