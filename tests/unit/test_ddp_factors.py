@@ -170,8 +170,9 @@ def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank
     """Over in-process ranks: the first gather exchanges sizes; later ones send ``capacity`` rows padded,
     without that exchange, and one a rank overflows is done again by the actual sizes. Every step's
     average equals the mean of the ranks' gradients and every rank agrees on the capacity."""
-    import ringlet
     from conftest import run_world
+
+    import ringlet
 
     p = 3
     plan = [[2, 3, 1], [2, 3, 1], [4, 1, 0], [1, 1, 1], [1, 0, 1]]  # rows per rank, step by step
@@ -187,14 +188,14 @@ def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank
 
     def fn(rank):
         out = []
+        torch.manual_seed(0)
+        layer = factors.FactoredLinear("lin", torch.nn.Linear(12, 5))
         for s, rows in enumerate(plan):
             torch.manual_seed(0)
             lin = torch.nn.Linear(12, 5)
-            layer = factors.FactoredLinear("lin", lin) if s == 0 else layer
-            if s:
-                layer.module, layer.weight = lin, lin.weight  # the same capture state, a fresh gradient
-                layer._handle.remove()
-                layer._handle = lin.register_forward_hook(layer._forward_hook, prepend=True)
+            layer.module, layer.weight = lin, lin.weight  # the same capture state, a fresh gradient
+            layer._handle.remove()
+            layer._handle = lin.register_forward_hook(layer._forward_hook, prepend=True)
             layer.enabled = True
             torch.manual_seed(100 * s + rank)
             if rows[rank]:
