@@ -431,27 +431,25 @@ def _allgather_algorithm(algorithm: str) -> str:
     return algorithm
 
 
-def _allgather_sizes(tensor: torch.Tensor, g: Group, grank: int, sizes) -> tuple[int, ...] | None:
-    if sizes is None:
-        return None
-    sizes = tuple(int(s) for s in sizes)
-    own = tensor.shape[0] if tensor.dim() else 1
-    if len(sizes) != g.size or any(s < 0 for s in sizes) or sizes[grank] != own:
-        raise ValueError(f"allgather: sizes must list the group's {g.size} first dimensions, this rank's "
-                         f"({own}) at position {grank}; got {list(sizes)}")
-    return sizes
-
-
-def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
-                    sizes=None, check: bool | None = None) -> Work:
+def _allgather_submit(tensor: torch.Tensor, group, algorithm: str, sizes, check: bool | None, *, sync: bool) -> Work:
     rt = runtime()
     _check_tensor(tensor)
     algorithm = _allgather_algorithm(algorithm)
     g, grank = _group(rt, group)
-    sizes = _allgather_sizes(tensor, g, grank, sizes)
+    if sizes is not None:
+        sizes = tuple(int(s) for s in sizes)
+        own = tensor.shape[0] if tensor.dim() else 1
+        if len(sizes) != g.size or any(s < 0 for s in sizes) or sizes[grank] != own:
+            raise ValueError(f"allgather: sizes must list the group's {g.size} first dimensions, this rank's "
+                             f"({own}) at position {grank}; got {list(sizes)}")
     check = rt.options.check if check is None else bool(check)
-    src = tensor.clone()
-    return rt.submit(lambda: _run_allgather(rt, g, grank, src, algorithm, sizes, check), sync=False)
+    src = tensor if sync else tensor.clone()  # an async caller may change its tensor before the job runs
+    return rt.submit(lambda: _run_allgather(rt, g, grank, src, algorithm, sizes, check), sync=sync)
+
+
+def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
+                    sizes=None, check: bool | None = None) -> Work:
+    return _allgather_submit(tensor, group, algorithm, sizes, check, sync=False)
 
 
 def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
@@ -467,13 +465,7 @@ def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str =
     out. With checking on (default: ``RINGLET_CHECK``) the sizes are verified against the exchanged ones:
     a rank whose list differs raises ``ValueError`` once the data has moved (by the exchanged sizes), so
     the ranks whose lists were right complete the call."""
-    rt = runtime()
-    _check_tensor(tensor)
-    algorithm = _allgather_algorithm(algorithm)
-    g, grank = _group(rt, group)
-    sizes = _allgather_sizes(tensor, g, grank, sizes)
-    check = rt.options.check if check is None else bool(check)
-    return rt.submit(lambda: _run_allgather(rt, g, grank, tensor, algorithm, sizes, check), sync=True).wait()
+    return _allgather_submit(tensor, group, algorithm, sizes, check, sync=True).wait()
 
 
 # ---- reduce-scatter -----------------------------------------------------------------------------

@@ -184,14 +184,12 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     if cap is not None:
         rows = ringlet.allgather(pack(cap), group=group, algorithm=algorithm, sizes=[1 + cap] * size, check=False)
         starts = [r * (1 + cap) for r in range(size)]
-        counts = [int(rows[s, 1]) for s in starts]
-    if cap is None or max(counts) > cap:
+    if cap is None or max(int(rows[s, 1]) for s in starts) > cap:
         rows = ringlet.allgather(pack(k), group=group, algorithm=algorithm)
-        starts, off = [], 0
-        for _ in range(size):
-            starts.append(off)
-            off += 1 + int(rows[off, 1])
-        counts = [int(rows[s, 1]) for s in starts]
+        starts = [0]
+        for _ in range(size - 1):
+            starts.append(starts[-1] + 1 + int(rows[starts[-1], 1]))
+    counts = [int(rows[s, 1]) for s in starts]
     layer.capacity = max(counts)
     spans = [(s + 1, c) for s, c in zip(starts, counts)]
     if not all(bool(rows[s, 0] == 1.0) for s in starts):
