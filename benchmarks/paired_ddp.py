@@ -18,10 +18,16 @@ Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``
 wrapper after construction: private A/B knobs such as ``ringlet:_factor_gather=direct``); ``ringlet-copy`` is ringlet's DDP copying the averages
 into ``.grad`` instead of lending them (its behaviour before 2026-11-23); ``local`` trains the model on each
 rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to).
+
+``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
+one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
+paused), so ``ringlet report`` gives that arm's hidden communication in the same run as its step-time
+ratio. The warm-up steps (and with them the step tuner's trials) are not in it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -36,6 +42,7 @@ import synthetic_benchmark  # the models of the synthetic benchmark
 
 import ringlet
 import ringlet.torch
+from ringlet import timeline
 
 
 def _value(text: str):
@@ -62,7 +69,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
     parser.add_argument("--warmup", type=int, default=15, help="steps per arm before the first round")
+    parser.add_argument("--timeline", default="", help="per-rank timeline path with {rank}: the traced arm's blocks")
+    parser.add_argument("--trace-arm", default="", help="the arm whose blocks the timeline holds "
+                                                         "(default: the first ringlet arm)")
     args = parser.parse_args()
+    if args.timeline and "{rank}" not in args.timeline:
+        raise SystemExit("--timeline needs {rank} in the path (one file per rank)")
+    trace_arm = args.trace_arm or next((a for a in args.arms if a.startswith("ringlet")), "")
+    if args.timeline and trace_arm not in args.arms:
+        raise SystemExit(f"--trace-arm {trace_arm!r} is not one of the arms")
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # env:// from ringlet run; ringlet then reuses this group
@@ -101,6 +116,8 @@ def main() -> None:
         for _ in range(args.warmup):
             step(model, opt)
 
+    if args.timeline:
+        timeline.start_timeline(args.timeline)
     times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
     cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
     faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
@@ -108,12 +125,16 @@ def main() -> None:
     for r in range(args.rounds):
         k = r % len(arms)
         for spec, model, opt in arms[k:] + arms[:k]:
-            step(model, opt)
-            th0, f0 = synthetic_benchmark._thread_cpu(), synthetic_benchmark._minor_faults()
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(args.steps):
+            traced = spec == trace_arm
+            with contextlib.nullcontext() if traced else timeline.paused():
                 step(model, opt)
-            times[spec].append((time.perf_counter() - t0) / args.steps)
+                th0, f0 = synthetic_benchmark._thread_cpu(), synthetic_benchmark._minor_faults()
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(args.steps):
+                    step(model, opt)
+                times[spec].append((time.perf_counter() - t0) / args.steps)
+            if traced:
+                timeline.mark_step()  # the block's last step ends here, not at the next traced block
             cpu[spec].append((time.process_time() - c0) / args.steps)
             faults[spec] += synthetic_benchmark._minor_faults() - f0
             for tid, (name, user, system, _, _) in synthetic_benchmark._thread_cpu().items():
@@ -155,6 +176,7 @@ def main() -> None:
             busy = {k: v / (args.rounds * args.steps) for k, v in thread_ms[spec].items() if v}
             print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
                   flush=True)
+    timeline.stop_timeline()
     ringlet.shutdown()
     dist.destroy_process_group()
 

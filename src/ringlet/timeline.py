@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-__all__ = ["Timeline", "active", "start_timeline", "stop_timeline", "configure_from_env", "mark_step",
+__all__ = ["Timeline", "active", "start_timeline", "stop_timeline", "paused", "configure_from_env", "mark_step",
            "now_us", "span", "instant", "record", "read_events"]
 
 # Buffer limits: big enough that a step of per-tensor phases costs a handful of writes, small enough that
@@ -138,6 +138,7 @@ class Timeline:
 
 # ---- process-wide timeline ------------------------------------------------------------------------
 _active: Timeline | None = None
+_paused: list[Timeline] = []  # timelines held by open paused() blocks (stop_timeline closes them too)
 _state_lock = threading.Lock()
 _env_rank: int | None = None
 _env_started: set[str] = set()  # env paths already started by configure_from_env in this process
@@ -194,12 +195,40 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
 
 def stop_timeline() -> None:
-    """Close the running timeline (a complete JSON file afterwards); a no-op when none runs."""
+    """Close the running timeline (a complete JSON file afterwards), also one held by :func:`paused`;
+    a no-op when none runs."""
     global _active
     with _state_lock:
         tl, _active = _active, None
-    if tl is not None:
-        tl.close()
+        held = list(_paused)
+    for t in (tl, *held):
+        if t is not None:
+            t.close()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Drop every event of the ``with`` block; the file stays open and recording resumes after it.
+
+    For keeping part of a run out of a training trace (evaluation, or the other arms of an A/B job)
+    without starting a new file. A timeline started inside the block replaces the paused one, which is
+    then closed; one stopped inside the block stays stopped.
+    """
+    global _active
+    with _state_lock:
+        held, _active = _active, None
+        if held is not None:
+            _paused.append(held)
+    try:
+        yield
+    finally:
+        with _state_lock:
+            if held is not None:
+                _paused.remove(held)
+                if _active is None and not held.closed:
+                    _active, held = held, None
+        if held is not None:
+            held.close()
 
 
 def configure_from_env(rank: int | None = None) -> None:

@@ -95,3 +95,18 @@ def test_cli_rejects_a_trace_without_spans(tmp_path):
     timeline.Timeline(str(p)).close()
     res = CliRunner().invoke(main, ["report", str(p)])
     assert res.exit_code != 0 and "no BACKWARD" in res.output
+
+
+def test_stretches_without_spans_are_not_steps(tmp_path):
+    """A paused timeline (another arm of an A/B job ran meanwhile) leaves marks around an empty stretch."""
+    p = tmp_path / "t.json"
+    tl = timeline.Timeline(str(p))
+    for base in (0.0, 100.0, 1000.0):  # 200..1000: the timeline was paused
+        tl.instant("steps", "step", ts_us=base)
+        tl.span("backward", "BACKWARD", base, base + 50.0)
+        tl.span("b0", "COMMUNICATE", base + 40.0, base + 60.0)
+        tl.instant("steps", "step", ts_us=base + 100.0)
+    tl.close()
+    rep = analyze(str(p), skip=0)
+    assert [s.start_us for s in rep.steps] == [0.0, 100.0, 1000.0]
+    assert [s.step_us for s in rep.steps] == [100.0] * 3 and rep.summary.exposed_share == pytest.approx(0.1)

@@ -173,3 +173,37 @@ def test_rank_comes_from_the_launcher_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGLET_RANK", "2")
     timeline.start_timeline(str(tmp_path / "x.json"))
     assert timeline.active() is None  # rank 2, shared path: rank 0 writes
+
+
+def test_paused_drops_events_and_resumes_in_the_same_file(tmp_path):
+    p = tmp_path / "t.json"
+    timeline.start_timeline(str(p))
+    timeline.span("a", "FORWARD", 0.0, 1.0)
+    with timeline.paused():
+        assert timeline.active() is None
+        timeline.span("b", "FORWARD", 2.0, 3.0)
+        timeline.mark_step()
+    timeline.span("c", "FORWARD", 4.0, 5.0)
+    timeline.stop_timeline()
+    events = json.loads(p.read_text())
+    assert [s[0] for s in _spans(events)] == ["a", "c"]
+    assert not [e for e in events if e.get("name") == timeline.STEP_EVENT]
+
+
+def test_paused_then_stopped_or_restarted(tmp_path):
+    p, q = tmp_path / "p.json", tmp_path / "q.json"
+    timeline.start_timeline(str(p))
+    with timeline.paused():
+        timeline.stop_timeline()  # stays stopped, and its file is complete
+    assert timeline.active() is None
+    json.loads(p.read_text())
+    timeline.start_timeline(str(p))
+    with timeline.paused():
+        timeline.start_timeline(str(q))  # replaces the paused one, which is closed
+    assert timeline.active() is not None and timeline.active().path == str(q)
+    timeline.stop_timeline()
+    json.loads(p.read_text())
+    json.loads(q.read_text())
+    with timeline.paused():  # without a timeline: nothing to hold
+        assert timeline.active() is None
+    assert timeline.active() is None

@@ -9,8 +9,10 @@ Reads a timeline (:mod:`ringlet.timeline`) and cuts it into steps at the ``"step
 * exposed  — comm − hidden, also given as a share of the step's wall time.
 
 Spans are clipped to their step's window. Spans after the last mark form a final step that ends with the
-last of them (a trace marked at the start of every forward has its last iteration there). The summary
-averages the steps after the first (warm-up). :func:`analyze` returns the same numbers as a dataclass.
+last of them (a trace marked at the start of every forward has its last iteration there). A stretch
+between marks without any of these spans is not a training step (the timeline was paused, see
+:func:`ringlet.timeline.paused`, or the script did something else) and is left out. The summary averages
+the steps after the first (warm-up). :func:`analyze` returns the same numbers as a dataclass.
 """
 from __future__ import annotations
 
@@ -158,7 +160,9 @@ def analyze(path: str, rank: int | None = None, skip: int = 1) -> Report:
         bounds = [first_start]
     if bounds and last_end is not None and last_end > bounds[-1]:
         bounds.append(last_end)
-    steps = tuple(step_stats(i, lo, hi, compute, comm) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])))
+    windows = [(lo, hi) for lo, hi in zip(bounds, bounds[1:])
+               if _clip(compute, lo, hi) or _clip(comm, lo, hi)]
+    steps = tuple(step_stats(i, lo, hi, compute, comm) for i, (lo, hi) in enumerate(windows))
     return Report(path, rank, steps, summarize(steps, skip))
 
 

@@ -24,13 +24,16 @@ failed, all of them all-reduce the dense gradient instead, which is torch DDP's 
 from __future__ import annotations
 
 import collections
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 import ringlet
 from ringlet.types import ReduceOp
 
-__all__ = ["FactoredLinear", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors"]
+__all__ = ["FactoredLinear", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors",
+           "average_from_factors_async"]
 
 # A rank's factors must reproduce its gradient, along a random direction, to this fraction of the
 # root-sum-square of the terms summed (the size of a random-sign sum of them): fp32 rounding differs by
@@ -213,3 +216,24 @@ def average_from_factors(gathered: tuple, out_features: int, size: int,
     if out is not None and out.shape == (m, x.shape[1]) and out.dtype == x.dtype:
         return torch.mm(d, x, out=out)
     return torch.mm(d, x)
+
+
+_worker: ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def average_from_factors_async(gathered: tuple, out_features: int, size: int,
+                               out: torch.Tensor | None = None) -> Future:
+    """:func:`average_from_factors` on a worker thread of its own, started as soon as the gather is in.
+
+    The communication thread hands the product over and goes on with the next collective, and the
+    training thread finds the average done when backward ends: the product overlaps the rest of backward
+    and the buckets still on the wire, instead of running after backward with the last bucket. One
+    worker for the process keeps products in submission order and off each other's cores.
+    """
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringlet-factors")
+        pool = _worker
+    return pool.submit(average_from_factors, gathered, out_features, size, out)
