@@ -166,6 +166,7 @@ def main() -> None:
                 if getattr(model, "_tuner", None) is not None and model._tuner.decision is not None:
                     line += f", tuned choice {model._tuner.decision.choice}"
                 line += f", weights from factors {model.factored} (dense fallbacks {model.factor_fallbacks})"
+                line += f", buckets {model.bucket_layout}"
             if spec != base:
                 ratios = [a / b for a, b in zip(times[spec], times[base])]
                 se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")

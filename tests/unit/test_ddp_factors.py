@@ -130,6 +130,13 @@ def test_average_from_gathered_rows_equals_the_mean_of_the_gradients(ranks, rows
     assert torch.allclose(out, want, atol=1e-4)
     empty = ("factors", torch.zeros(ranks, 17), [(i + 1, 0) for i in range(ranks)])
     assert factors.average_from_factors(empty, 5, ranks) is None
+    # On the factor worker (what the DDP uses): the same numbers, computed off the calling thread.
+    out2 = torch.empty(5, 12)
+    fut = factors.average_from_factors_async(("factors", rows_all.clone(), spans), 5, ranks, out2)
+    assert fut.result(timeout=30) is out2 and torch.equal(out2, out)
+    fut2 = factors.average_from_factors_async(("factors", rows_all.clone(), spans), 5, ranks)
+    assert fut2.result(timeout=30) is not None
+    assert factors._worker is not None and all(t.name.startswith("ringlet-factors") for t in factors._worker._threads)
 
 
 def test_under_autocast_the_guard_allows_the_rounding_of_autograds_bf16_product_only():

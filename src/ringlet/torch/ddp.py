@@ -244,7 +244,6 @@ class DistributedDataParallel(torch.nn.Module):
         self.factored_reductions = 0  # weight averages computed from factors (for tests and reports)
         self.factor_fallbacks = 0     # ... and all-reduced densely because a rank's factors did not match
         self._factor_gather = "ring"  # all-gather algorithm of the factors (for A/B measurements)
-        self._product_worker = True  # factor products on their own thread (False: after backward; for A/B)
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[_Bucket, int, int]] = {}  # id(param) -> bucket, slot, flat index
         self._buckets, self._where = self._make_buckets(self._layout(self._params, {}), {})
@@ -574,11 +573,10 @@ class DistributedDataParallel(torch.nn.Module):
             layer.enabled = False  # every pair of this window is in: backward reached the weight
             group, size, algo = self._comm.group, self._size, self._factor_gather
             out = self._reusable_out(b)  # decided here: backward is done with this weight
-            worker = self._product_worker
 
             def job():
                 res = _factors.gather_factors(layer, grad, pairs, group, size, algo)
-                if res[0] != "factors" or not worker:
+                if res[0] != "factors":
                     return res
                 return "average", _factors.average_from_factors_async(res, layer.out_features, size, out)
 
@@ -611,11 +609,9 @@ class DistributedDataParallel(torch.nn.Module):
             try:
                 result = b.work.wait()
                 if b.factor is not None:
-                    if result[0] == "factors":  # _product_worker off: the product after backward
-                        b.result = (_factors.average_from_factors(result, b.factor.out_features, self._size,
-                                                                  self._reusable_out(b)), True)
-                    else:
-                        b.result = (result[1].result(), True) if result[0] == "average" else (result[1], False)
+                    # The product ran on the factor worker while backward went on: its future is done or
+                    # nearly so by now.
+                    b.result = (result[1].result(), True) if result[0] == "average" else (result[1], False)
                 b.validated.add(b.algo)
             except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
                 error = error or exc
