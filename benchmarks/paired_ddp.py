@@ -164,7 +164,10 @@ def main() -> None:
             if hasattr(model, "algorithm"):
                 line += f", all-reduce algorithm {model.algorithm}, buckets replaced {model.fresh_buffers}"
                 if getattr(model, "_tuner", None) is not None and model._tuner.decision is not None:
-                    line += f", tuned choice {model._tuner.decision.choice}"
+                    d = model._tuner.decision
+                    per_rank = {k: round(v / size * 1e3, 1) for k, v in d.times.items()}
+                    line += (f", tuned choice {d.choice} (median step ms per candidate {per_rank}, "
+                             f"{model._tuner.trials_done} trials each)")
                 line += f", weights from factors {model.factored} (dense fallbacks {model.factor_fallbacks})"
                 line += f", buckets {model.bucket_layout}"
             if spec != base:

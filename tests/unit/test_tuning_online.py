@@ -79,3 +79,50 @@ def test_withdrawing_after_trials_started_raises():
     ch.record(1.0)
     with pytest.raises(RuntimeError):
         ch.remove("b")
+
+
+def _feed(ch, samples):
+    """Record per-candidate samples in the round-robin order the chooser asks for."""
+    it = {c: iter(v) for c, v in samples.items()}
+    while ch.decision is None and not ch.ready:
+        ch.record(next(it[ch.current()]))
+
+
+def test_close_medians_ask_for_more_trials_until_they_separate_or_the_cap():
+    # b is 3.5% faster than a, but each candidate's steps spread by ±10%: not decided on five each.
+    noise = [1.0, 0.9, 1.1, 0.95, 1.05] * 4
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=5, margin=0.03, max_trials=20)
+    samples = {"a": [x * 1.0 for x in noise], "b": [x * 0.965 for x in noise]}
+    rounds = 0
+    while ch.decision is None:
+        _feed(ch, samples)
+        rounds += 1
+        ch.decide(ch.stats())
+    assert rounds == 4 and ch.trials_done == 20  # at the cap, the plain rule: b beats the 3% margin
+    assert ch.decision.choice == "b"
+
+
+def test_clearly_separated_medians_decide_after_the_first_trials():
+    ch = OnlineChoice(["a", "b", "c"], warmup=0, trials=5, margin=0.03, max_trials=20)
+    noise = [1.0, 0.98, 1.02, 0.99, 1.01]
+    _feed(ch, {"a": noise, "b": [x * 1.02 for x in noise], "c": [x * 0.85 for x in noise]})
+    d = ch.decide([4 * x for x in ch.stats()])  # summed over 4 ranks in lockstep
+    assert d is not None and d.choice == "c" and ch.trials_done == 5
+    assert d.times == pytest.approx({"a": 4.0, "b": 4.08, "c": 3.4})
+
+
+def test_a_challenger_clearly_within_the_margin_keeps_the_first_at_once():
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=5, margin=0.03, max_trials=20)
+    noise = [1.0, 0.999, 1.001, 0.9995, 1.0005]
+    _feed(ch, {"a": noise, "b": [x * 0.99 for x in noise]})
+    assert ch.decide(ch.stats()).choice == "a"
+
+
+def test_medians_alone_decide_as_before_and_max_trials_is_checked():
+    ch = OnlineChoice(["a", "b"], warmup=0, trials=2, margin=0.03, max_trials=10)
+    _feed(ch, {"a": [1.0, 1.2], "b": [0.9, 1.3]})
+    assert ch.decide(ch.medians()).choice == "a"  # no spreads: no extension
+    with pytest.raises(ValueError):
+        OnlineChoice(["a", "b"], trials=5, max_trials=4)
+    with pytest.raises(ValueError):
+        OnlineChoice(["a", "b"]).decide([1.0, 2.0, 3.0])

@@ -13,9 +13,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   layers in another order than it uses them still overlaps. A bucket's first reduction checks its shape
   and dtype across ranks; later ones skip that exchange;
 * ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
-  the static choice and ``direct`` in turn, five steps each, and switch to ``direct`` only if its steps
-  were more than 3% faster on all ranks together (:class:`ringlet.tuning.OnlineChoice`;
-  :attr:`DistributedDataParallel.algorithm` tells);
+  the static choice and ``direct`` in turn, five steps each (up to twenty while their medians are too
+  close to call), and switch to ``direct`` only if its steps were more than 3% faster on all ranks
+  together (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.algorithm` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages land in ``param.grad``. A gradient that autograd created in this backward (``.grad`` was
   None at the forward, as after ``zero_grad()``) is replaced by a view of the average in the bucket, not
@@ -30,9 +30,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   large fully connected layer on a small batch) is averaged from every rank's layer inputs and output
   gradients, gathered, instead of all-reduced (:mod:`ringlet.torch.factors`: exact up to rounding, checked
   on every rank every step, with a dense all-reduce on all ranks when any check fails). With the tuner
-  on, those steps are timed against the dense reduction (five each) and kept only if faster by more than
-  3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors every eligible layer untimed,
-  ``False`` never. Under ``ringlet.torch``'s coordinator it is off;
+  on, those steps are timed against the dense reduction (five to twenty steps each, as above) and kept
+  only if faster by more than 3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors
+  every eligible layer untimed, ``False`` never. Under ``ringlet.torch``'s coordinator it is off;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -265,9 +265,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._usage_work = None
         self._step_open = False
         self._t_first = self._t_last = 0.0
-        # Five steps per candidate and a 3% margin for the challenger: step times on a shared host vary by
-        # more than the candidates differ, and a decision made on noise flips from run to run.
-        self._tuner = OnlineChoice(self._candidates(), trials=5, margin=0.03)
+        # Five to twenty steps per candidate and a 3% margin for the challenger: step times on a shared host
+        # vary by more than the candidates differ, and a decision made on noise flips from run to run.
+        self._tuner = OnlineChoice(self._candidates(), trials=5, margin=0.03, max_trials=20)
         self._t_step: float | None = None  # perf_counter at the start of the current step
         self._step_reduced = False
 
@@ -541,9 +541,11 @@ class DistributedDataParallel(torch.nn.Module):
     def _decide(self) -> None:
         # Summed over ranks so that every rank picks from the same numbers (a rank choosing differently
         # would run a different schedule than its peers).
-        times = torch.tensor(self._tuner.medians(), dtype=torch.float64)
+        times = torch.tensor(self._tuner.stats(), dtype=torch.float64)
         self._comm.allreduce_(times, ReduceOp.SUM, f"{self._prefix}.tune").wait()
         decision = self._tuner.decide(times.tolist())
+        if decision is None:  # too close to call yet: more trials of every candidate
+            return
         per_rank = {k: round(v / self._size * 1000, 2) for k, v in decision.times.items()}
         log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
                  decision.choice, per_rank)

@@ -16,9 +16,19 @@ wall time per step, and, once every candidate has its trials, proposes per-candi
 caller sums over ranks (one small all-reduce) before :meth:`decide` picks the smallest (keeping the
 first candidate unless another beats it by more than ``margin``). Every rank therefore makes the same
 choice from the same numbers.
+
+Five steps per candidate are not always enough: on the emulated cluster, step times spread by ±10% from
+CPU-quota periods, and at a batch size where sufficient factors save 10-13% of the step the tuner kept
+the dense reduction in 1 of 6 runs in one session and 3 of 3 short runs in the next
+(``benchmarks/results/e_train_4x1_1gbit_s8``). So :meth:`stats` also gives each candidate's spread
+(the median absolute deviation, scaled to a standard deviation), and :meth:`decide` asks for
+``trials`` more steps each, up to ``max_trials``, while the best candidate's median is within two
+standard errors of the line it must cross (the first candidate's time less the margin): the trials
+stop as soon as the numbers separate, and cost steps only where the candidates are close.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -39,20 +49,26 @@ class OnlineChoice:
     result to :meth:`decide`. A single candidate is decided from the start.
     """
 
-    __slots__ = ("candidates", "warmup", "trials", "margin", "_steps", "_times", "decision")
+    __slots__ = ("candidates", "warmup", "trials", "max_trials", "margin", "_target", "_steps", "_times",
+                 "decision")
 
     def __init__(self, candidates: list[str] | tuple[str, ...], warmup: int = 2, trials: int = 3,
-                 margin: float = 0.0):
+                 margin: float = 0.0, max_trials: int | None = None):
         if not candidates:
             raise ValueError("OnlineChoice needs at least one candidate.")
         if warmup < 0 or trials < 1:
             raise ValueError(f"need warmup >= 0 and trials >= 1, got {warmup} and {trials}")
+        max_trials = trials if max_trials is None else max_trials
+        if max_trials < trials:
+            raise ValueError(f"max_trials ({max_trials}) must be at least trials ({trials})")
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
         self.candidates = tuple(dict.fromkeys(candidates))
         self.warmup = warmup
         self.trials = trials
+        self.max_trials = max_trials
+        self._target = trials  # steps per candidate before the next decision is due
         self._steps = 0
         self._times: dict[str, list[float]] = {c: [] for c in self.candidates}
         self.decision: Decision | None = None
@@ -89,20 +105,51 @@ class OnlineChoice:
     @property
     def ready(self) -> bool:
         """Every candidate has its trials; a decision is due."""
-        return self.decision is None and all(len(t) >= self.trials for t in self._times.values())
+        return self.decision is None and all(len(t) >= self._target for t in self._times.values())
+
+    @property
+    def trials_done(self) -> int:
+        """Timed steps per candidate so far (the fewest of any candidate)."""
+        return min(len(t) for t in self._times.values())
 
     def medians(self) -> list[float]:
         """Per-candidate median step time, in :attr:`candidates` order (to be summed over ranks)."""
         return [statistics.median(self._times[c]) for c in self.candidates]
 
-    def decide(self, summed: list[float]) -> Decision:
-        """Fix the choice: the candidate with the smallest (rank-summed) median, except that the first
-        candidate stays unless the best is faster than it by more than ``margin`` (a fraction of its
-        time); ties go to the earlier candidate."""
-        if len(summed) != len(self.candidates):
-            raise ValueError(f"expected {len(self.candidates)} times, got {len(summed)}")
-        best = min(range(len(summed)), key=lambda i: (summed[i], i))
-        if summed[best] >= summed[0] * (1.0 - self.margin):
+    def stats(self) -> list[float]:
+        """Per-candidate medians, then per-candidate spreads (1.4826 × the median absolute deviation: a
+        standard deviation that one slow step does not inflate), in :attr:`candidates` order: the numbers
+        to sum over ranks and pass to :meth:`decide`."""
+        spreads = []
+        for c in self.candidates:
+            xs = self._times[c]
+            m = statistics.median(xs)
+            spreads.append(1.4826 * statistics.median(abs(x - m) for x in xs))
+        return self.medians() + spreads
+
+    def decide(self, summed: list[float]) -> Decision | None:
+        """Fix the choice, or ask for more trials (returns None; :attr:`ready` turns false until every
+        candidate has ``trials`` more steps).
+
+        ``summed``: :meth:`medians` or :meth:`stats`, summed over ranks. The choice is the candidate with
+        the smallest median, except that the first candidate stays unless the best is faster than it by
+        more than ``margin`` (a fraction of its time); ties go to the earlier candidate. With spreads
+        and fewer than ``max_trials`` steps per candidate, the decision waits while the best median lies
+        within two standard errors of that line (standard error of a median: 1.2533 σ/√n; ranks step in
+        lockstep, so rank-summed spreads are those of the rank-summed medians)."""
+        k = len(self.candidates)
+        if len(summed) not in (k, 2 * k):
+            raise ValueError(f"expected {k} or {2 * k} numbers, got {len(summed)}")
+        medians = [float(x) for x in summed[:k]]
+        best = min(range(k), key=lambda i: (medians[i], i))
+        line = medians[0] * (1.0 - self.margin)
+        if len(summed) == 2 * k and best != 0 and self.trials_done < self.max_trials:
+            se = [1.2533 * float(summed[k + i]) / math.sqrt(len(self._times[c]))
+                  for i, c in enumerate(self.candidates)]
+            if abs(medians[best] - line) < 2.0 * math.hypot(se[0], se[best]):
+                self._target = min(self._target + self.trials, self.max_trials)
+                return None
+        if medians[best] >= line:
             best = 0
-        self.decision = Decision(self.candidates[best], dict(zip(self.candidates, map(float, summed))))
+        self.decision = Decision(self.candidates[best], dict(zip(self.candidates, medians)))
         return self.decision
