@@ -82,17 +82,17 @@ def test_withdrawing_after_trials_started_raises():
 
 
 def _feed(ch, samples):
-    """Record per-candidate samples in the round-robin order the chooser asks for."""
-    it = {c: iter(v) for c, v in samples.items()}
+    """Record per-candidate samples in the round-robin order the chooser asks for, until a decision is
+    due; ``samples``: candidate -> iterator (later calls go on where the last one stopped)."""
     while ch.decision is None and not ch.ready:
-        ch.record(next(it[ch.current()]))
+        ch.record(next(samples[ch.current()]))
 
 
 def test_close_medians_ask_for_more_trials_until_they_separate_or_the_cap():
     # b is 3.5% faster than a, but each candidate's steps spread by ±10%: not decided on five each.
     noise = [1.0, 0.9, 1.1, 0.95, 1.05] * 4
     ch = OnlineChoice(["a", "b"], warmup=0, trials=5, margin=0.03, max_trials=20)
-    samples = {"a": [x * 1.0 for x in noise], "b": [x * 0.965 for x in noise]}
+    samples = {"a": iter([x * 1.0 for x in noise]), "b": iter([x * 0.965 for x in noise])}
     rounds = 0
     while ch.decision is None:
         _feed(ch, samples)
@@ -105,7 +105,7 @@ def test_close_medians_ask_for_more_trials_until_they_separate_or_the_cap():
 def test_clearly_separated_medians_decide_after_the_first_trials():
     ch = OnlineChoice(["a", "b", "c"], warmup=0, trials=5, margin=0.03, max_trials=20)
     noise = [1.0, 0.98, 1.02, 0.99, 1.01]
-    _feed(ch, {"a": noise, "b": [x * 1.02 for x in noise], "c": [x * 0.85 for x in noise]})
+    _feed(ch, {"a": iter(noise), "b": iter([x * 1.02 for x in noise]), "c": iter([x * 0.85 for x in noise])})
     d = ch.decide([4 * x for x in ch.stats()])  # summed over 4 ranks in lockstep
     assert d is not None and d.choice == "c" and ch.trials_done == 5
     assert d.times == pytest.approx({"a": 4.0, "b": 4.08, "c": 3.4})
@@ -114,13 +114,13 @@ def test_clearly_separated_medians_decide_after_the_first_trials():
 def test_a_challenger_clearly_within_the_margin_keeps_the_first_at_once():
     ch = OnlineChoice(["a", "b"], warmup=0, trials=5, margin=0.03, max_trials=20)
     noise = [1.0, 0.999, 1.001, 0.9995, 1.0005]
-    _feed(ch, {"a": noise, "b": [x * 0.99 for x in noise]})
+    _feed(ch, {"a": iter(noise), "b": iter([x * 0.99 for x in noise])})
     assert ch.decide(ch.stats()).choice == "a"
 
 
 def test_medians_alone_decide_as_before_and_max_trials_is_checked():
     ch = OnlineChoice(["a", "b"], warmup=0, trials=2, margin=0.03, max_trials=10)
-    _feed(ch, {"a": [1.0, 1.2], "b": [0.9, 1.3]})
+    _feed(ch, {"a": iter([1.0, 1.2]), "b": iter([0.9, 1.3])})
     assert ch.decide(ch.medians()).choice == "a"  # no spreads: no extension
     with pytest.raises(ValueError):
         OnlineChoice(["a", "b"], trials=5, max_trials=4)
