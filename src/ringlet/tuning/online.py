@@ -120,12 +120,10 @@ class OnlineChoice:
         """Per-candidate medians, then per-candidate spreads (1.4826 × the median absolute deviation: a
         standard deviation that one slow step does not inflate), in :attr:`candidates` order: the numbers
         to sum over ranks and pass to :meth:`decide`."""
-        spreads = []
-        for c in self.candidates:
-            xs = self._times[c]
-            m = statistics.median(xs)
-            spreads.append(1.4826 * statistics.median(abs(x - m) for x in xs))
-        return self.medians() + spreads
+        medians = self.medians()
+        spreads = [1.4826 * statistics.median(abs(x - m) for x in self._times[c])
+                   for c, m in zip(self.candidates, medians)]
+        return medians + spreads
 
     def decide(self, summed: list[float]) -> Decision | None:
         """Fix the choice, or ask for more trials (returns None; :attr:`ready` turns false until every
@@ -144,9 +142,10 @@ class OnlineChoice:
         best = min(range(k), key=lambda i: (medians[i], i))
         line = medians[0] * (1.0 - self.margin)
         if len(summed) == 2 * k and best != 0 and self.trials_done < self.max_trials:
-            se = [1.2533 * float(summed[k + i]) / math.sqrt(len(self._times[c]))
-                  for i, c in enumerate(self.candidates)]
-            if abs(medians[best] - line) < 2.0 * math.hypot(se[0], se[best]):
+            def se(i: int) -> float:
+                return 1.2533 * float(summed[k + i]) / math.sqrt(len(self._times[self.candidates[i]]))
+
+            if abs(medians[best] - line) < 2.0 * math.hypot(se(0), se(best)):
                 self._target = min(self._target + self.trials, self.max_trials)
                 return None
         if medians[best] >= line:
