@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import ringlet
 from ringlet import timeline
 from ringlet.torch import hooks
-from ringlet.torch.ddp import DistributedDataParallel
+from ringlet.torch.training.ddp import DistributedDataParallel
 
 TOL = 1e-6
 B = 4  # per-rank batch

@@ -1,4 +1,4 @@
-"""Sufficient factors of fully connected layers (ringlet.torch.factors), in one process: which layers
+"""Sufficient factors of fully connected layers (ringlet.torch.training.factors), in one process: which layers
 qualify, when factoring pays, the per-rank guard, and the average computed from gathered rows against
 the explicit sum of the ranks' gradients. The multi-process equivalence lives in
 tests/multiproc/ddp_worker.py (case sufficient_factors)."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ringlet.torch import factors
+from ringlet.torch.training import factors
 
 
 class Scaled(torch.nn.Linear):

@@ -28,7 +28,7 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
 * ``sufficient_factors="auto"`` (default): the weight of a plain ``nn.Linear`` whose gradient is
   smaller as factors than dense (rank 0's rows of the first step: ``p·rows·(in+out) < in·out``, e.g. a
   large fully connected layer on a small batch) is averaged from every rank's layer inputs and output
-  gradients, gathered, instead of all-reduced (:mod:`ringlet.torch.factors`: exact up to rounding, checked
+  gradients, gathered, instead of all-reduced (:mod:`ringlet.torch.training.factors`: exact up to rounding, checked
   on every rank every step, with a dense all-reduce on all ranks when any check fails). With the tuner
   on, those steps are timed against the dense reduction (five to twenty steps each, as above) and kept
   only if faster by more than 3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors
@@ -73,7 +73,7 @@ from ringlet.tuning import OnlineChoice
 from ringlet.types import ReduceOp
 
 from . import factors as _factors
-from .comm import Comm, Pending
+from ..comm import Comm, Pending
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class DDPOptions:
 
 class _Bucket:
     """A flat buffer of gradients all-reduced together, or (``factor`` set) one fully connected layer's
-    weight whose average is computed from gathered factors (:mod:`ringlet.torch.factors`)."""
+    weight whose average is computed from gathered factors (:mod:`ringlet.torch.training.factors`)."""
 
     __slots__ = ("index", "params", "offsets", "buffer", "pending", "work", "t_launch", "validated", "algo", "lent",
                  "factor", "grad", "result")
