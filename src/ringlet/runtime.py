@@ -11,29 +11,40 @@ import socket
 import threading
 from typing import Any, Callable
 
-import torch
-
+from .engine.agree import exchange
+from .engine.channel import Channel, tag_base
 from .group import Group
 from .types import Options
-
-# Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group 5 bits | op sequence 8 bits | step 16 bits.
-_GROUP_BITS, _SEQ_BITS, _STEP_BITS = 5, 8, 16
-META_STEP = 1 << (_STEP_BITS - 1)  # upper half of the step tags: the metadata exchange of an op
 
 
 class Work:
     """Handle of an asynchronous collective: ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("_event", "_result", "_error")
+    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Work"], None]] = []
+        self._lock = threading.Lock()
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._event.set()
+        with self._lock:
+            self._result, self._error = result, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Call ``fn(work)`` once the collective has completed, on the thread that completes it (at
+        once, on this thread, when it already has). ``fn`` must not raise."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def done(self) -> bool:
         """True once the collective has completed (successfully or not); never blocks."""
@@ -73,22 +84,11 @@ class Runtime:
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:
-        from .algorithms import direct, executor
-
+        """Every rank's hostname, exchanged as op 0 of the world (before any group exists)."""
         name = os.environ.get("RINGLET_HOSTNAME") or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-        raw = name.encode()[:63]
-        width = 64
-        buf = torch.zeros(self.size * width, dtype=torch.uint8)
-        buf[self.rank * width:self.rank * width + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-        if self.size > 1:
-            sched = direct.allgather(self.size, tuple([width] * self.size))
-            executor.execute(sched, self.rank, self.transport, (buf,), 1, tag=self.tag_base(0, 0) + META_STEP,
-                             timeout=self.options.timeout)
-        out = []
-        for r in range(self.size):
-            chunk = bytes(buf[r * width:(r + 1) * width].tolist()).rstrip(b"\0")
-            out.append(chunk.decode(errors="replace"))
-        return tuple(out)
+        ch = Channel.world(self.transport, tag_base(0, 0), timeout=self.options.timeout)
+        raws = exchange(ch.meta(), name.encode()[:63], 64)
+        return tuple(raw.rstrip(b"\0").decode(errors="replace") for raw in raws)
 
     @property
     def local_ranks(self) -> list[int]:
@@ -135,14 +135,19 @@ class Runtime:
             self.submit(lambda: hook(g.id, ranks), sync=True).wait()
         return g
 
-    def tag_base(self, group_id: int, seq: int) -> int:
-        return (((group_id % (1 << _GROUP_BITS)) << _SEQ_BITS | (seq % (1 << _SEQ_BITS))) << _STEP_BITS)
-
     def next_tag(self, group: Group) -> int:
         """Tag base of the next op on ``group``; called in execution order, identical on all members."""
         seq = self._seq[group.id]
         self._seq[group.id] = seq + 1
-        return self.tag_base(group.id, seq)
+        return tag_base(group.id, seq)
+
+    def channel(self, group: Group, workspace: dict | None = None) -> Channel:
+        """The channel of the next op on ``group`` (takes its tag: call in execution order). ``workspace``:
+        the calling thread's executor scratch (default: the runtime's, which belongs to the thread that
+        executes the runtime's queue)."""
+        return Channel(self.transport, group, group.rank_of(self.rank), self.next_tag(group),
+                       self.options.segment_bytes, self.options.timeout,
+                       self.workspace if workspace is None else workspace)
 
     # ---- execution ------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], *, sync: bool) -> Work:

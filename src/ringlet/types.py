@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -34,7 +35,57 @@ class ReduceOp(enum.IntEnum):
         raise ValueError(f"Unknown reduction op {op!r}")
 
 
-# Exchanged in metadata as small ints; the order is part of the wire format.
+def _add_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.add_(src)
+
+
+def _min_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.minimum(dst, src, out=dst)
+
+
+def _max_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.maximum(dst, src, out=dst)
+
+
+def _mul_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.mul_(src)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """What a reduction op does element-wise: ``combine(dst, src)`` sets ``dst = dst (op) src`` in place.
+
+    ``averages``: the result is divided by the group size once, after the elements are combined (AVG).
+    Executors and compressors call ``combine``; nothing compares op codes inline.
+    """
+
+    name: str
+    op: ReduceOp
+    combine: Callable[[torch.Tensor, torch.Tensor], None]
+    averages: bool = False
+
+
+REDUCTIONS: dict[ReduceOp, Reduction] = {
+    ReduceOp.SUM: Reduction("sum", ReduceOp.SUM, _add_),
+    ReduceOp.AVG: Reduction("avg", ReduceOp.AVG, _add_, averages=True),
+    ReduceOp.MIN: Reduction("min", ReduceOp.MIN, _min_),
+    ReduceOp.MAX: Reduction("max", ReduceOp.MAX, _max_),
+    ReduceOp.PRODUCT: Reduction("product", ReduceOp.PRODUCT, _mul_),
+}
+
+
+def reduction(op: "Reduction | ReduceOp | str | int") -> Reduction:
+    """The :class:`Reduction` of ``op`` (a Reduction, a :class:`ReduceOp`, its name or its Horovod code).
+    ``ValueError`` for an unknown op; ``NotImplementedError`` for Adasum."""
+    if isinstance(op, Reduction):
+        return op
+    rop = ReduceOp.parse(op)
+    if rop == ReduceOp.ADASUM:
+        raise NotImplementedError("Adasum is not implemented by ringlet; use Sum or Average.")
+    return REDUCTIONS[rop]
+
+
+# Exchanged in metadata as small ints; the order is part of the wire format (the one code table).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.float16,
     torch.bfloat16,

@@ -50,7 +50,7 @@ def make_input(rank: int, count: int, dtype: torch.dtype, op: ReduceOp = ReduceO
 def simulate(schedule, buffers: list[tuple[torch.Tensor, ...]], op: ReduceOp = ReduceOp.SUM):
     """Interpret ``schedule`` literally: every transfer of step ``s`` reads the sender's buffers as they
     were after step ``s-1``; receivers reduce or copy when the step ends. Returns new buffers."""
-    from ringlet.algorithms.executor import reduce_into
+    from ringlet.types import reduction
 
     bufs = [tuple(b.clone() for b in rank_bufs) for rank_bufs in buffers]
     for step in schedule.steps:
@@ -59,7 +59,7 @@ def simulate(schedule, buffers: list[tuple[torch.Tensor, ...]], op: ReduceOp = R
             src = snap[t.src][t.src_buf][t.offset:t.offset + t.count]
             dst = bufs[t.dst][t.dst_buf][t.recv_offset:t.recv_offset + t.count]
             if t.reduce:
-                reduce_into(dst, src, int(op))
+                reduction(op).combine(dst, src)
             else:
                 dst.copy_(src)
     return bufs

@@ -13,8 +13,9 @@ from conftest import OPS, make_input, run_world, simulate
 import ringlet
 from ringlet import algorithms
 from ringlet.algorithms import executor, reference
+from ringlet.engine.channel import Channel
 from ringlet.transport.inproc import InprocWorld
-from ringlet.types import SUPPORTED_DTYPES, Options, ReduceOp, dtype_name
+from ringlet.types import SUPPORTED_DTYPES, Options, ReduceOp, dtype_name, reduction
 
 ALGOS = sorted(n for n in algorithms.ALLREDUCE if n != algorithms.NATIVE)
 WORLDS = range(1, 9)
@@ -96,7 +97,8 @@ def run_schedule(sched, inputs, op, segment_bytes=1 << 20, lazy=False):
     bufs = [t.clone() for t in inputs]
 
     def body(tr):
-        executor.execute(sched, tr.rank, tr, (bufs[tr.rank],), int(op), segment_bytes=segment_bytes, timeout=20)
+        ch = Channel.world(tr, segment_bytes=segment_bytes, timeout=20)
+        executor.execute(sched, ch, (bufs[tr.rank],), reduction(op).combine)
 
     InprocWorld(len(inputs), lazy=lazy).run(body)
     return bufs

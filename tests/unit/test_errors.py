@@ -13,7 +13,7 @@ from conftest import run_world
 import ringlet
 from ringlet.transport.inproc import InprocWorld
 from ringlet.types import CollectiveTimeout, MismatchError, Options, PeerError
-from ringlet.runtime import META_STEP
+from ringlet.engine.channel import META_STEP
 
 
 def _outcome(fn):

@@ -5,7 +5,7 @@ import torch
 
 from ringlet.torch import requests as rq
 from ringlet.torch.requests import Cache, Meta, Request, decode_message, encode_message, entry_bytes
-from ringlet.torch.validate import check
+from ringlet.engine.meta import mismatch as check
 
 F32, I32 = rq.DTYPE_CODE[torch.float32], rq.DTYPE_CODE[torch.int32]
 

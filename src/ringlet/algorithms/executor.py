@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -229,18 +230,6 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     return Plan(tuple(msgs), tuple(actions), tuple(sorted(outstanding)), 2 * max(scratch_need) if nsteps else 0)
 
 
-def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: int) -> None:
-    """``dst = dst (op) src`` elementwise, in place. ``op`` is a :class:`ringlet.types.ReduceOp` value."""
-    if op == 3:  # MIN
-        torch.minimum(dst, src, out=dst)
-    elif op == 4:  # MAX
-        torch.maximum(dst, src, out=dst)
-    elif op == 5:  # PRODUCT
-        dst.mul_(src)
-    else:  # SUM and AVG (AVG divides once at the end)
-        dst.add_(src)
-
-
 def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:
     if workspace is None:
         return torch.empty(elems, dtype=like.dtype, device=like.device)
@@ -252,27 +241,30 @@ def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Te
     return buf[:elems]
 
 
-def execute(schedule: Schedule, rank: int, transport, buffers: tuple[torch.Tensor, ...], op: int,
-            *, peers: tuple[int, ...] | None = None, tag: int = 0, segment_bytes: int = 4 << 20,
-            timeout: float | None = None, workspace: dict | None = None) -> None:
-    """Run ``rank``'s part of ``schedule`` over ``transport`` on flat contiguous ``buffers``.
+def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
+            combine: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
+    """Run ``channel.rank``'s part of ``schedule`` on flat contiguous ``buffers``.
 
-    ``peers`` maps schedule ranks to transport ranks (sub-groups); messages of step ``s`` carry
-    tag ``tag + s``. ``workspace`` (one dict per rank, owned by the caller) keeps scratch memory
-    between calls: a fresh large allocation costs page faults on every call.
+    ``channel`` (duck-typed; :class:`ringlet.engine.channel.Channel`) gives ``transport``, ``rank``
+    (this rank in the schedule), ``peers`` (schedule rank -> transport rank), ``tag`` (messages of step
+    ``s`` carry ``tag + s``), ``segment_bytes``, ``timeout`` and ``workspace`` (a dict owned by the
+    caller that keeps scratch memory between calls, or None). ``combine(dst, src)`` reduces a received
+    range into the buffer in place (:attr:`ringlet.types.Reduction.combine`); schedules without reducing
+    transfers need none (a reducing transfer without it raises ``ValueError``: a caller's bug).
     """
     if not schedule.steps:
         return
     itemsize = buffers[0].element_size()
-    plan = compile_plan(schedule, rank, max(1, segment_bytes // itemsize))
+    plan = compile_plan(schedule, channel.rank, max(1, channel.segment_bytes // itemsize))
     msgs = plan.msgs
-    scratch = _scratch(workspace, plan.scratch_elems, buffers[0])
+    scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)
+    transport, peers, tag, timeout = channel.transport, channel.peers, channel.tag, channel.timeout
     isend, irecv = transport.isend, transport.irecv
     for act in plan.actions:
         kind, mid = act[0], act[1]
         m = msgs[mid]
-        peer = m.peer if peers is None else peers[m.peer]
+        peer = peers[m.peer]
         if kind == POST_RECV:
             for sid in act[2]:
                 handles[sid].wait(timeout)
@@ -292,7 +284,9 @@ def execute(schedule: Schedule, rank: int, transport, buffers: tuple[torch.Tenso
                 dst = buffers[m.buf][m.offset:m.offset + m.count]
                 src = scratch[m.scratch:m.scratch + m.count]
                 if m.reduce:
-                    reduce_into(dst, src, op)
+                    if combine is None:
+                        raise ValueError(f"schedule {schedule.name!r} reduces, but no reduction was given")
+                    combine(dst, src)
                 else:
                     dst.copy_(src)
     for sid in plan.tail_waits:

@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import ringlet
-from ringlet.algorithms.executor import reduce_into
 from ringlet.benchmarking import busbw, iterations_for, time_interleaved
-from ringlet.collectives import scale_
-from ringlet.types import ReduceOp
+from ringlet.engine.ops import scale_
+from ringlet.types import ReduceOp, reduction
 
 from . import impls
 
@@ -72,7 +71,7 @@ def pattern(n: int, rank: int, dtype: torch.dtype, op: ReduceOp, offset: int = 0
 def _fold(n: int, p: int, dtype, op: ReduceOp, offset: int = 0) -> torch.Tensor:
     acc = pattern(n, 0, dtype, op, offset)
     for r in range(1, p):
-        reduce_into(acc, pattern(n, r, dtype, op, offset), int(op))
+        reduction(op).combine(acc, pattern(n, r, dtype, op, offset))
     if op == ReduceOp.AVG:
         scale_(acc, 1.0 / p)
     return acc

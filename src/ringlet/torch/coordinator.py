@@ -26,14 +26,14 @@ import time
 import torch
 
 from ringlet import timeline
-from ringlet.algorithms import direct, executor, ring
+from ringlet.engine.agree import exchange
 
 from .basics import HorovodInternalError
 from .execute import Runner
 from .requests import (ADD_PS, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, F_SHUTDOWN, JOIN,
                        KIND_NAMES, MESSAGE_OVERHEAD, REDUCESCATTER, REMOVE_PS, Cache, Meta, Request,
                        decode_message, encode_message, entry_bytes)
-from .validate import check
+from ringlet.engine.meta import mismatch as check
 
 log = logging.getLogger("ringlet.torch")
 
@@ -183,18 +183,7 @@ class Coordinator:
         return entries, waiting
 
     def _exchange(self, payload: bytes) -> list[bytes]:
-        rt, g, slot = self.rt, self.ctx.world, self._slot
-        p = g.size
-        buf = torch.zeros(p * slot, dtype=torch.uint8)
-        buf[rt.rank * slot:rt.rank * slot + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        tag = rt.next_tag(g)
-        if p > 1:
-            sizes = tuple([slot] * p)
-            sched = direct.allgather(p, sizes) if p <= 16 else ring.allgather(p, sizes)
-            executor.execute(sched, rt.rank, rt.transport, (buf,), 0, peers=g.ranks, tag=tag,
-                             timeout=rt.options.timeout, workspace=self.runner.workspace)
-        raw = buf.numpy().tobytes()
-        return [raw[r * slot:(r + 1) * slot] for r in range(p)]
+        return exchange(self.rt.channel(self.ctx.world, self.runner.workspace), payload, self._slot)
 
     def _round(self) -> bool:
         """One negotiation round plus execution of what became ready. Returns True to stop."""

@@ -11,11 +11,10 @@ from typing import Sequence
 
 import torch
 
-from ringlet import algorithms, timeline
-from ringlet.algorithms import alltoall as alltoall_alg
-from ringlet.algorithms import binomial, executor, ring
-from ringlet.collectives import choose_allreduce, resolve_algorithm, scale_, split_rows
-from ringlet.types import ReduceOp
+from ringlet import timeline
+from ringlet.engine import ops
+from ringlet.tuning import select
+from ringlet.types import reduction
 
 from .requests import Meta, Request
 
@@ -29,33 +28,22 @@ def _span(track: str, phase: str, start: float, end: float, args: dict | None = 
 
 
 class Runner:
+    """Runs agreed responses through the engine (:mod:`ringlet.engine.ops`) on the calling thread."""
+
     def __init__(self, rt, fusion_threshold: int):
         self.rt = rt
         self.workspace: dict = {}  # executor scratch of this thread (the runtime's belongs to its comm thread)
         self.fusion_threshold = fusion_threshold
         self._fusion: dict[torch.dtype, torch.Tensor] = {}
 
-    # ---- core collectives on flat buffers ----------------------------------------------------
-    def _run(self, sched, g, bufs: tuple, op: int, tag: int) -> None:
-        rt = self.rt
-        executor.execute(sched, g.rank_of(rt.rank), rt.transport, bufs, op, peers=g.ranks, tag=tag,
-                         segment_bytes=rt.options.segment_bytes, timeout=rt.options.timeout,
-                         workspace=self.workspace)
+    def _channel(self, g):
+        return self.rt.channel(g, self.workspace)
 
     def allreduce_flat(self, g, flat: torch.Tensor, op: int, pre: float, post: float) -> None:
-        tag = self.rt.next_tag(g)
-        scale_(flat, pre)
-        if g.size > 1 and flat.numel() > 0:
-            algo = resolve_algorithm("auto", self.rt)
-            if algo == "auto":
-                algo = choose_allreduce(g.size, flat.numel() * flat.element_size(), g.host_of)
-            if algo == algorithms.NATIVE and self.rt.transport.native_allreduce(flat, ReduceOp(op), g.ranks):
-                pass
-            else:
-                if algo == algorithms.NATIVE:
-                    algo = "ring"
-                self._run(algorithms.ALLREDUCE[algo](g.size, flat.numel(), g.host_of), g, (flat,), op, tag)
-        scale_(flat, post / g.size if op == ReduceOp.AVG else post)
+        """All-reduce ``flat`` in place with the algorithm the core would choose (``RINGLET_ALGORITHM``
+        or ``auto``)."""
+        algo = select.requested(None, self.rt.options.algorithm)
+        ops.allreduce_(self._channel(g), flat, reduction(op), algo, pre, post)
 
     # ---- all-reduce with fusion --------------------------------------------------------------
     @staticmethod
@@ -134,64 +122,20 @@ class Runner:
 
     # ---- the other collectives ---------------------------------------------------------------
     def allgather(self, g, metas: dict[int, Meta], req: Request) -> torch.Tensor:
-        tag = self.rt.next_tag(g)
-        t = req.tensor
         dim0s = [metas[r].shape[0] if metas[r].shape else 1 for r in g.ranks]
-        rest = tuple(t.shape[1:])
-        row = 1
-        for s in rest:
-            row *= s
-        counts = tuple(d * row for d in dim0s)
-        out = torch.empty((sum(dim0s),) + rest, dtype=t.dtype, device=t.device)
-        flat = out.view(-1)
-        grank = g.rank_of(self.rt.rank)
-        off = sum(counts[:grank])
-        flat[off:off + counts[grank]].copy_(t.reshape(-1))
-        if g.size > 1 and sum(counts) > 0:
-            self._run(ring.allgather(g.size, counts), g, (flat,), 0, tag)
-        return out
+        return ops.allgather_rows(self._channel(g), req.tensor, dim0s)
 
     def broadcast(self, g, meta: Meta, req: Request) -> torch.Tensor:
-        tag = self.rt.next_tag(g)
+        ch = self._channel(g)
         out = req.output
         if out is not req.tensor:
             out.copy_(req.tensor)
-        flat = out.view(-1)
-        if g.size > 1 and flat.numel() > 0:
-            self._run(binomial.broadcast(g.size, flat.numel(), g.rank_of(meta.root)), g, (flat,), 0, tag)
+        ops.broadcast_(ch, out.view(-1), g.rank_of(meta.root))
         return out
 
     def alltoall(self, g, metas: dict[int, Meta], req: Request) -> tuple[torch.Tensor, torch.Tensor]:
-        tag = self.rt.next_tag(g)
-        t = req.tensor
-        grank = g.rank_of(self.rt.rank)
-        all_splits = [metas[r].splits for r in g.ranks]
-        row = 1
-        for s in t.shape[1:]:
-            row *= s
-        recv = [all_splits[s][grank] for s in range(g.size)]
-        out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-        src, dst = t.reshape(-1), out.view(-1)
-        mine = all_splits[grank]
-        s_off, r_off, n_self = sum(mine[:grank]) * row, sum(recv[:grank]) * row, mine[grank] * row
-        dst[r_off:r_off + n_self].copy_(src[s_off:s_off + n_self])
-        if g.size > 1:
-            counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
-            self._run(alltoall_alg.pairwise(g.size, counts), g, (dst, src), 0, tag)
+        out, recv = ops.alltoall_rows(self._channel(g), req.tensor, [metas[r].splits for r in g.ranks])
         return out, torch.tensor(recv, dtype=torch.int32)
 
     def reducescatter(self, g, meta: Meta, req: Request) -> torch.Tensor:
-        tag = self.rt.next_tag(g)
-        buf = req.tensor.clone()
-        rows = split_rows(buf.shape[0], g.size)
-        row = buf[0].numel() if buf.shape[0] else 0
-        counts = tuple(r * row for r in rows)
-        flat = buf.view(-1)
-        scale_(flat, meta.pre)
-        if g.size > 1 and flat.numel() > 0:
-            self._run(ring.reduce_scatter(g.size, counts), g, (flat,), meta.op, tag)
-        grank = g.rank_of(self.rt.rank)
-        start = sum(rows[:grank])
-        out = buf[start:start + rows[grank]].clone()
-        scale_(out.view(-1), meta.post / g.size if meta.op == ReduceOp.AVG else meta.post)
-        return out
+        return ops.reduce_scatter_rows(self._channel(g), req.tensor.clone(), reduction(meta.op), meta.pre, meta.post)

@@ -41,11 +41,6 @@ def _check_tensor(t, allowed: Sequence[torch.dtype]) -> None:
         raise ValueError("Tensor is required to be contiguous.")
 
 
-def _device(t: torch.Tensor) -> int:
-    return t.device.index if t.device.type != "cpu" and t.device.index is not None else (
-        0 if t.device.type != "cpu" else -1)
-
-
 def _member(process_set) -> tuple[int, object]:
     ps_id, g = _resolve(process_set)
     rank = context().rt.rank
@@ -92,9 +87,7 @@ def _submit(reqs: list[Request], handle: int) -> int:
 
 
 def _meta(name: str, kind: int, ps_id: int, t: torch.Tensor | None, **kw) -> Meta:
-    if t is None:
-        return Meta(name, kind, ps_id, **kw)
-    return Meta(name, kind, ps_id, rq.DTYPE_CODE[t.dtype], tuple(t.shape), device=_device(t), **kw)
+    return Meta.of(name, kind, t, ps_id=ps_id, **kw)
 
 
 # ---- allreduce -------------------------------------------------------------------------------------

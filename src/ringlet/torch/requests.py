@@ -1,7 +1,7 @@
 """What a rank announces in a negotiation round: op requests (name + metadata) and their wire form.
 
-A request's metadata is everything the ranks must agree on before data moves: kind, process set,
-dtype, shape, op, root, scale factors, device, alltoall splits. Encoded once per request as bytes; a
+A request's metadata is the one op record, :class:`ringlet.engine.meta.Meta` (kind, process set,
+dtype, shape, op, root, scale factors, device, alltoall splits). Encoded once per request as bytes; a
 name whose full record was executed before is sent as a 5-byte reference into the response cache
 (identical on every rank), so steady-state training announces each gradient in a few bytes.
 """
@@ -13,73 +13,23 @@ from typing import Any
 
 import torch
 
-from ringlet.types import SUPPORTED_DTYPES
+from ringlet.engine.meta import KIND_NAMES, NO_DTYPE, Kind, Meta
+from ringlet.types import DTYPE_CODE
 
-# Kinds. Values are part of the wire format.
-ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN, ADD_PS, REMOVE_PS = range(1, 10)
-KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast", ALLTOALL: "alltoall",
-              REDUCESCATTER: "reducescatter", BARRIER: "barrier", JOIN: "join", ADD_PS: "add_process_set",
-              REMOVE_PS: "remove_process_set"}
+# The coordinator's names for the op kinds of the one record (ringlet.engine.meta).
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST,
+                                                            Kind.ALLTOALL, Kind.REDUCESCATTER)
+BARRIER, JOIN, ADD_PS, REMOVE_PS = Kind.BARRIER, Kind.JOIN, Kind.ADD_PS, Kind.REMOVE_PS
 DATA_KINDS = (ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER)
-DTYPE_CODE = {dt: i for i, dt in enumerate(SUPPORTED_DTYPES)}
-NO_DTYPE = 255
 
-_HEAD = struct.Struct("<HBBBhidd")  # ps_id kind dtype op device root prescale postscale
 _FULL, _CACHED = 0, 1
 _REF = struct.Struct("<BI")
 _MSG = struct.Struct("<BHI")  # flags, number of entries, bytes still waiting after this round
 F_SHUTDOWN = 1
 
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """The cross-rank-checked part of a request."""
-
-    name: str
-    kind: int
-    ps_id: int = 0
-    dtype: int = NO_DTYPE
-    shape: tuple[int, ...] = ()
-    op: int = 0
-    root: int = -1
-    pre: float = 1.0
-    post: float = 1.0
-    device: int = -1
-    splits: tuple[int, ...] = ()  # alltoall: rows sent to each member; control ops: their arguments
-
-    def encode(self) -> bytes:
-        name = self.name.encode()
-        return b"".join((
-            _HEAD.pack(self.ps_id, self.kind, self.dtype, self.op, self.device, self.root, self.pre, self.post),
-            struct.pack(f"<B{len(self.shape)}q", len(self.shape), *self.shape),
-            struct.pack(f"<I{len(self.splits)}q", len(self.splits), *self.splits),
-            struct.pack("<H", len(name)), name,
-        ))
-
-    @staticmethod
-    def decode(buf: bytes, off: int) -> tuple["Meta", int]:
-        ps_id, kind, dtype, op, device, root, pre, post = _HEAD.unpack_from(buf, off)
-        off += _HEAD.size
-        (nd,) = struct.unpack_from("<B", buf, off)
-        shape = struct.unpack_from(f"<{nd}q", buf, off + 1)
-        off += 1 + 8 * nd
-        (ns,) = struct.unpack_from("<I", buf, off)
-        splits = struct.unpack_from(f"<{ns}q", buf, off + 4)
-        off += 4 + 8 * ns
-        (nl,) = struct.unpack_from("<H", buf, off)
-        name = bytes(buf[off + 2:off + 2 + nl]).decode()
-        return Meta(name, kind, ps_id, dtype, tuple(shape), op, root, pre, post, device, tuple(splits)), off + 2 + nl
-
-    @property
-    def torch_dtype(self) -> torch.dtype | None:
-        return SUPPORTED_DTYPES[self.dtype] if self.dtype != NO_DTYPE else None
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+__all__ = ["ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN", "ADD_PS",
+           "REMOVE_PS", "DATA_KINDS", "DTYPE_CODE", "KIND_NAMES", "NO_DTYPE", "F_SHUTDOWN", "Meta", "Request",
+           "Cache", "encode_message", "decode_message", "entry_bytes", "MESSAGE_OVERHEAD"]
 
 
 @dataclass(slots=True)

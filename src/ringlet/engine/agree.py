@@ -1,0 +1,107 @@
+"""The one small exchange, and agreeing on an op's metadata before its data moves.
+
+:func:`exchange` all-gathers one fixed-size byte slot per member: the core API's metadata records,
+the Horovod coordinator's negotiation messages and the runtime's hostnames all travel through it.
+:func:`agree` is the core API's check: on transports with a cheap native all-reduce
+(``native_digest``) the members first compare a 62-bit digest of their records in one tiny
+all-reduce, and exchange the records themselves only when the digests differ (to name the
+mismatch); elsewhere they exchange the records at once. A disagreement raises the same
+:class:`~ringlet.types.MismatchError` on every member, and nothing else has moved.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..algorithms import direct, ring
+from ..types import MismatchError, ReduceOp
+from .channel import Channel
+from .meta import Meta, mismatch
+
+_DIRECT_UP_TO = 16  # members; beyond that the all-gather of slots goes round the ring
+_RECORD_SLOT = 192  # bytes of a record without splits: header, up to 16 dims, a forced algorithm name
+_MAX_DIMS = 16
+
+
+def exchange(ch: Channel, payload: bytes, slot: int) -> list[bytes]:
+    """Every member's ``payload`` (at most ``slot`` bytes, zero-padded), in group-rank order. Every
+    member must pass the same ``slot``; ``ValueError`` when this one's payload does not fit."""
+    if len(payload) > slot:
+        raise ValueError(f"exchange: {len(payload)} bytes do not fit a slot of {slot}")
+    p = ch.size
+    buf = torch.zeros(p * slot, dtype=torch.uint8)
+    if payload:
+        buf[ch.rank * slot:ch.rank * slot + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    if p > 1:
+        sizes = tuple([slot] * p)
+        sched = direct.allgather(p, sizes) if p <= _DIRECT_UP_TO else ring.allgather(p, sizes)
+        ch.run(sched, (buf,))
+    raw = buf.numpy().tobytes()
+    return [raw[r * slot:(r + 1) * slot] for r in range(p)]
+
+
+def digest_agrees(ch: Channel, meta: Meta) -> bool:
+    """True when every member's record has the same digest, by one native all-reduce (MAX) of
+    ``[d, -d]``; False when they differ or the transport has no native all-reduce. The result is the
+    same on every member."""
+    d = meta.digest()
+    buf = torch.tensor([d, -d], dtype=torch.int64)
+    if not ch.transport.native_allreduce(buf, ReduceOp.MAX, ch.peers):
+        return False
+    return int(buf[0]) == -int(buf[1])
+
+
+def _clipped(meta: Meta) -> Meta:
+    """The record with at most 16 dimensions (the rest folded into the last), so that it fits a slot."""
+    if len(meta.shape) <= _MAX_DIMS:
+        return meta
+    tail = 1
+    for s in meta.shape[_MAX_DIMS - 1:]:
+        tail *= s
+    return Meta(meta.name, meta.kind, meta.ps_id, meta.dtype, meta.shape[:_MAX_DIMS - 1] + (tail,), meta.op,
+                meta.root, meta.pre, meta.post, meta.device, meta.splits, meta.algorithm)
+
+
+def exchange_records(ch: Channel, meta: Meta) -> list[Meta]:
+    """Every member's record, in group-rank order (on the channel's metadata tags)."""
+    # Sized by the group, not by this record, so that members calling different ops still agree on it.
+    slot = _RECORD_SLOT + 8 * ch.size
+    meta = _clipped(meta)
+    raws = exchange(ch.meta(), meta.encode(), slot)
+    return [Meta.decode(raw)[0] for raw in raws]
+
+
+def verify(ch: Channel, metas: list[Meta]) -> None:
+    """Raise :class:`MismatchError` (the same on every member) unless the records agree."""
+    msg = mismatch({ch.peers[i]: m for i, m in enumerate(metas)})
+    if msg is not None:
+        raise MismatchError(msg)
+
+
+def agree(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta] | None:
+    """Make sure every member called the same op: ``None`` when the digests agree (nothing exchanged),
+    else every member's record in group-rank order, verified when ``check`` (a ragged all-gather needs
+    the records for its sizes even unchecked). Single-member groups return None."""
+    if ch.size == 1:
+        return None
+    if ch.transport.native_digest and digest_agrees(ch, meta):
+        return None
+    # The digest result is the same everywhere, so every member gets here or none does.
+    metas = exchange_records(ch, meta)
+    if check:
+        verify(ch, metas)
+    return metas
+
+
+def records(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta]:
+    """Every member's record, always exchanged (all-to-all needs everyone's splits). On ``native_digest``
+    transports it still takes part in the digest all-reduce every checked op opens with, so that a
+    member calling another op meets it there and both reach the record exchange, where the mismatch is
+    named, instead of waiting in different channels."""
+    if ch.size == 1:
+        return [meta]
+    if check and ch.transport.native_digest:
+        digest_agrees(ch, meta)
+    metas = exchange_records(ch, meta)
+    if check:
+        verify(ch, metas)
+    return metas

@@ -1,0 +1,67 @@
+"""Where one collective runs: the transport, the group, this rank's place in it and the op's tag space.
+
+A :class:`Channel` is what every flat-buffer operation of the engine takes instead of loose arguments
+(transport, peers, tag, segment size, timeout, scratch memory). The runtime hands out one per op
+(:meth:`ringlet.runtime.Runtime.channel`), in execution order, so the tags agree on every member.
+
+Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group 5 bits | op sequence 8 bits |
+step 16 bits. Steps in the upper half (``META_STEP`` and above) carry an op's metadata exchange.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..algorithms import executor
+from ..algorithms.schedule import Schedule
+from ..group import Group
+
+GROUP_BITS, SEQ_BITS, STEP_BITS = 5, 8, 16
+META_STEP = 1 << (STEP_BITS - 1)
+
+
+def tag_base(group_id: int, seq: int) -> int:
+    """First tag of the ``seq``-th op on group ``group_id`` (both wrap around)."""
+    return ((group_id % (1 << GROUP_BITS)) << SEQ_BITS | (seq % (1 << SEQ_BITS))) << STEP_BITS
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """One op's view of the network: ``rank`` is this process's rank in ``group`` (the schedule rank)."""
+
+    transport: Any
+    group: Group
+    rank: int
+    tag: int
+    segment_bytes: int = 4 << 20
+    timeout: float | None = None
+    workspace: dict | None = None
+
+    @staticmethod
+    def world(transport, tag: int = 0, *, segment_bytes: int = 4 << 20, timeout: float | None = None,
+              workspace: dict | None = None) -> "Channel":
+        """A channel over every rank of ``transport`` (one host assumed), outside any runtime: for
+        bootstrapping (the hostname exchange) and for running schedules directly in tests."""
+        everyone = Group(-1, tuple(range(transport.size)), (0,) * transport.size)
+        return Channel(transport, everyone, transport.rank, tag, segment_bytes, timeout, workspace)
+
+    @property
+    def peers(self) -> tuple[int, ...]:
+        """Transport rank of each schedule rank."""
+        return self.group.ranks
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    def meta(self) -> "Channel":
+        """The same op's channel for its metadata exchange (tags that never meet its data's)."""
+        return dataclasses.replace(self, tag=self.tag + META_STEP)
+
+    def run(self, schedule: Schedule, buffers: tuple[torch.Tensor, ...],
+            combine: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
+        """Run this rank's part of ``schedule`` over ``buffers`` (see :func:`executor.execute`)."""
+        executor.execute(schedule, self, buffers, combine)

@@ -1,0 +1,190 @@
+"""The one metadata record of an op and the one cross-rank check of it.
+
+Every front end describes an op with a :class:`Meta` before any data moves: the core API exchanges it
+(or its digest) per collective, the Horovod coordinator announces it by name in negotiation rounds.
+:func:`mismatch` compares the members' records identically on every rank; its messages follow
+Horovod's wording (scripts and tests match on them) with the ranks involved appended.
+
+Codes: :class:`Kind` numbers op kinds, :data:`ringlet.types.DTYPE_CODE` dtypes and
+:class:`ringlet.types.ReduceOp` (Horovod's numbering) reductions. All are part of the wire format.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from ..types import DTYPE_CODE, SUPPORTED_DTYPES, ReduceOp, dtype_name
+
+
+class Kind(enum.IntEnum):
+    """Op kinds; the values are part of the wire format."""
+
+    ALLREDUCE = 1
+    ALLGATHER = 2
+    BROADCAST = 3
+    ALLTOALL = 4
+    REDUCESCATTER = 5
+    BARRIER = 6
+    JOIN = 7
+    ADD_PS = 8
+    REMOVE_PS = 9
+    REDUCE = 10
+
+
+KIND_NAMES = {Kind.ALLREDUCE: "allreduce", Kind.ALLGATHER: "allgather", Kind.BROADCAST: "broadcast",
+              Kind.ALLTOALL: "alltoall", Kind.REDUCESCATTER: "reducescatter", Kind.BARRIER: "barrier",
+              Kind.JOIN: "join", Kind.ADD_PS: "add_process_set", Kind.REMOVE_PS: "remove_process_set",
+              Kind.REDUCE: "reduce"}
+RAGGED_KINDS = (Kind.ALLGATHER, Kind.ALLTOALL)  # the first dimension may differ between members
+NO_DTYPE = 255
+
+_HEAD = struct.Struct("<HBBBhidd")  # ps_id kind dtype op device root prescale postscale
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What every member of an op must agree on before data moves.
+
+    ``ps_id``: the process set (Horovod) or group id; ``splits``: all-to-all rows sent to each member,
+    or a control op's arguments; ``algorithm``: an algorithm the caller forced ("" when chosen for it);
+    ``device``: -1 for CPU, else the device index.
+    """
+
+    name: str
+    kind: int
+    ps_id: int = 0
+    dtype: int = NO_DTYPE
+    shape: tuple[int, ...] = ()
+    op: int = 0
+    root: int = -1
+    pre: float = 1.0
+    post: float = 1.0
+    device: int = -1
+    splits: tuple[int, ...] = ()
+    algorithm: str = ""
+
+    @staticmethod
+    def of(name: str, kind: int, t: torch.Tensor | None, **kw) -> "Meta":
+        """The record of ``t`` (dtype, shape, device filled in from the tensor)."""
+        if t is None:
+            return Meta(name, kind, **kw)
+        device = -1 if t.device.type == "cpu" else (t.device.index or 0)
+        return Meta(name, kind, dtype=DTYPE_CODE[t.dtype], shape=tuple(t.shape), device=device, **kw)
+
+    def encode(self) -> bytes:
+        name, algo = self.name.encode(), self.algorithm.encode()
+        return b"".join((
+            _HEAD.pack(self.ps_id, self.kind, self.dtype, self.op, self.device, self.root, self.pre, self.post),
+            struct.pack(f"<B{len(self.shape)}q", len(self.shape), *self.shape),
+            struct.pack(f"<I{len(self.splits)}q", len(self.splits), *self.splits),
+            struct.pack("<H", len(name)), name, struct.pack("<B", len(algo)), algo,
+        ))
+
+    @staticmethod
+    def decode(buf: bytes, off: int = 0) -> tuple["Meta", int]:
+        """The record encoded at ``buf[off:]`` and the offset just past it."""
+        ps_id, kind, dtype, op, device, root, pre, post = _HEAD.unpack_from(buf, off)
+        off += _HEAD.size
+        (nd,) = struct.unpack_from("<B", buf, off)
+        shape = struct.unpack_from(f"<{nd}q", buf, off + 1)
+        off += 1 + 8 * nd
+        (ns,) = struct.unpack_from("<I", buf, off)
+        splits = struct.unpack_from(f"<{ns}q", buf, off + 4)
+        off += 4 + 8 * ns
+        (nl,) = struct.unpack_from("<H", buf, off)
+        name = bytes(buf[off + 2:off + 2 + nl]).decode()
+        off += 2 + nl
+        algo = bytes(buf[off + 1:off + 1 + buf[off]]).decode()
+        return (Meta(name, kind, ps_id, dtype, tuple(shape), op, root, pre, post, device, tuple(splits), algo),
+                off + 1 + len(algo))
+
+    def digest(self) -> int:
+        """62 bits of a hash of the whole record: equal records give equal digests on every rank, and
+        ``-digest`` still fits an int64."""
+        d = int.from_bytes(hashlib.blake2b(self.encode(), digest_size=8).digest(), "little")
+        return d & ((1 << 62) - 1)
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return SUPPORTED_DTYPES[self.dtype] if self.dtype != NO_DTYPE else None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def _dev(d: int) -> str:
+    return "CPU" if d < 0 else f"GPU {d}"
+
+
+def _shape(s: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(x) for x in s) + "]"
+
+
+def _shape_mismatch(kind: str, first: Meta, m: Meta) -> str | None:
+    if first.kind in RAGGED_KINDS:
+        if len(m.shape) != len(first.shape):
+            return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of rank {len(first.shape)}, but "
+                    f"another rank sent a tensor of rank {len(m.shape)}.")
+        if m.shape[1:] != first.shape[1:]:
+            return (f"Mismatched {kind} tensor shapes: One rank sent a tensor with dimensions beyond the first "
+                    f"{_shape(first.shape[1:])}, but another rank sent {_shape(m.shape[1:])}.")
+    elif m.shape != first.shape:
+        return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape {_shape(first.shape)}, but "
+                f"another rank sent a tensor of shape {_shape(m.shape)}.")
+    return None
+
+
+def _pair_mismatch(first: Meta, m: Meta) -> str | None:
+    """The first difference between two members' records, in Horovod's words; None when they agree."""
+    kind = KIND_NAMES.get(first.kind, str(first.kind))
+    if m.kind != first.kind:
+        return (f"Mismatched operations: One rank did a {kind}, but another rank did a "
+                f"{KIND_NAMES.get(m.kind, m.kind)}.")
+    if m.dtype != first.dtype:
+        return (f"Mismatched data types: One rank had type {dtype_name(first.torch_dtype)}, but another rank "
+                f"had type {dtype_name(m.torch_dtype)}.")
+    shape = _shape_mismatch(kind, first, m)
+    if shape is not None:
+        return shape
+    if first.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE) and m.op != first.op:
+        return (f"Mismatched {kind} reduction ops: One rank used {ReduceOp(first.op).name}, but another rank "
+                f"used {ReduceOp(m.op).name}.")
+    if first.kind in (Kind.BROADCAST, Kind.REDUCE) and m.root != first.root:
+        return (f"Mismatched {kind} root ranks: One rank specified root rank {first.root}, but another rank "
+                f"specified root rank {m.root}.")
+    if m.algorithm != first.algorithm:
+        return (f"Mismatched {kind} algorithms: One rank forced {first.algorithm or 'auto'!r}, but another rank "
+                f"forced {m.algorithm or 'auto'!r} (check RINGLET_ALGORITHM on every rank).")
+    if m.pre != first.pre:
+        return f"Mismatched prescale factors: One rank sent factor {first.pre}, but another rank sent factor {m.pre}."
+    if m.post != first.post:
+        return (f"Mismatched postscale factors: One rank sent factor {first.post}, but another rank sent "
+                f"factor {m.post}.")
+    if m.device != first.device:
+        return (f"Mismatched {kind} CPU/GPU device selection: One rank specified device {_dev(first.device)}, "
+                f"but another rank specified device {_dev(m.device)}.")
+    if first.kind == Kind.ADD_PS and m.splits != first.splits:
+        return (f"Mismatched add_process_set: One rank registered ranks {list(first.splits)}, but another rank "
+                f"registered ranks {list(m.splits)}.")
+    return None
+
+
+def mismatch(metas: dict[int, Meta]) -> str | None:
+    """None when every member's record (``{global rank: Meta}``) agrees; otherwise the message every
+    rank raises, naming the tensor (when named) and the first two ranks that disagree."""
+    ranks = sorted(metas)
+    first = metas[ranks[0]]
+    for b in ranks[1:]:
+        msg = _pair_mismatch(first, metas[b])
+        if msg is not None:
+            name = f"tensor {first.name!r}, " if first.name else ""
+            return f"{msg} ({name}rank {ranks[0]} vs rank {b})"
+    return None

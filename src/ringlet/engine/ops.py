@@ -1,0 +1,160 @@
+"""Flat-buffer collectives on agreed sizes: the operations every front end runs.
+
+Each takes a :class:`~ringlet.engine.channel.Channel` (this op's group, rank, tags and scratch) and
+contiguous tensors whose sizes every member already agrees on — the front end made sure of that (the
+core API by its metadata check, the Horovod coordinator by negotiation, DDP by its fixed bucket
+layout). Nothing here exchanges metadata. Results match :mod:`ringlet.algorithms.reference`.
+
+Reductions are :class:`~ringlet.types.Reduction` objects; ``pre``/``post`` scale factors apply before
+and after the reduction, and an averaging reduction divides by the group size once, at the end.
+Integer tensors are scaled in float64 and truncated toward zero.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..algorithms import ALLREDUCE, NATIVE, alltoall as alltoall_alg, barrier as barrier_alg, binomial, direct, ring
+from ..tuning import select
+from ..types import Reduction, dtype_name
+from .channel import Channel
+
+_ALLGATHER = {"ring": ring.allgather, "direct": direct.allgather}
+
+
+def scale_(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t *= factor`` in place; integers are scaled in float64 and truncated toward zero."""
+    if factor == 1.0 or t.numel() == 0:
+        return t
+    if t.is_floating_point():
+        return t.mul_(factor)
+    return t.copy_(torch.trunc(t.double() * factor))
+
+
+def finish_(t: torch.Tensor, red: Reduction, size: int, post: float) -> torch.Tensor:
+    """Apply the postscale factor, divided by ``size`` for an averaging reduction."""
+    return scale_(t, post / size if red.averages else post)
+
+
+def split_rows(rows: int, p: int) -> list[int]:
+    """Horovod's split of dim 0: the first ``rows % p`` ranks get one extra row."""
+    return [rows // p + (1 if r < rows % p else 0) for r in range(p)]
+
+
+def row_numel(t: torch.Tensor) -> int:
+    """Elements per row of dim 0 (1 for a 0-d tensor), also when dim 0 is empty."""
+    n = 1
+    for s in t.shape[1:]:
+        n *= s
+    return n
+
+
+# ---- all-reduce -------------------------------------------------------------------------------
+def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = select.AUTO,
+               pre: float = 1.0, post: float = 1.0) -> str:
+    """Reduce ``flat`` over the group in place; returns the algorithm that ran (``""`` when nothing
+    moved). ``algorithm``: a name from :func:`ringlet.tuning.select.requested` — ``"auto"`` or forced.
+    A forced ``"native"`` the transport cannot run (no native all-reduce, or not for this dtype) raises
+    ``ValueError``; ``"auto"`` then falls back to ringlet's schedules."""
+    scale_(flat, pre)
+    ran = ""
+    if ch.size > 1 and flat.numel() > 0:
+        nbytes = flat.numel() * flat.element_size()
+        host_of = ch.group.host_of
+        ran = select.allreduce(algorithm, ch.size, nbytes, host_of, select.Capabilities.of(ch.transport))
+        if ran == NATIVE and not ch.transport.native_allreduce(flat, red.op, ch.peers):
+            if algorithm == NATIVE:
+                raise ValueError(f"algorithm 'native' is not available on the {ch.transport.name} transport "
+                                 f"for {dtype_name(flat.dtype)} tensors.")
+            ran = select.allreduce(select.AUTO, ch.size, nbytes, host_of, select.Capabilities())
+        if ran != NATIVE:
+            ch.run(ALLREDUCE[ran](ch.size, flat.numel(), host_of), (flat,), red.combine)
+    finish_(flat, red, ch.size, post)
+    return ran
+
+
+# ---- reduce-scatter -------------------------------------------------------------------------------
+def reduce_scatter_(ch: Channel, flat: torch.Tensor, counts: Sequence[int], red: Reduction) -> torch.Tensor:
+    """Reduce ``flat`` (``sum(counts)`` elements) so that this rank's block — ``counts[rank]`` elements
+    after the blocks of lower ranks — holds the reduction over the group (not yet averaged or scaled);
+    the rest of ``flat`` is scratch afterwards. Returns a view of the block."""
+    start = sum(counts[:ch.rank])
+    if ch.size > 1 and flat.numel() > 0:
+        ch.run(ring.reduce_scatter(ch.size, tuple(counts)), (flat,), red.combine)
+    return flat[start:start + counts[ch.rank]]
+
+
+def reduce_scatter_rows(ch: Channel, work: torch.Tensor, red: Reduction, pre: float = 1.0,
+                        post: float = 1.0) -> torch.Tensor:
+    """Horovod's reduce-scatter: reduce ``work`` (consumed as scratch) over the group and return a new
+    tensor of this rank's rows of dim 0 (:func:`split_rows`)."""
+    rows = split_rows(work.shape[0], ch.size)
+    row = row_numel(work)
+    flat = work.view(-1)
+    scale_(flat, pre)
+    block = reduce_scatter_(ch, flat, [r * row for r in rows], red)
+    out = block.clone().view((rows[ch.rank],) + tuple(work.shape[1:]))
+    return finish_(out, red, ch.size, post)
+
+
+# ---- all-gather -------------------------------------------------------------------------------------
+def allgather_(ch: Channel, flat: torch.Tensor, counts: Sequence[int], algorithm: str = "ring") -> None:
+    """Fill ``flat`` with every member's block in rank order; this rank's block (``counts[rank]``
+    elements after the lower ranks' blocks) must already hold its data. ``algorithm``: ring or direct."""
+    if ch.size > 1 and sum(counts) > 0:
+        ch.run(_ALLGATHER[select.allgather(algorithm)](ch.size, tuple(counts)), (flat,))
+
+
+def allgather_rows(ch: Channel, t: torch.Tensor, dim0s: Sequence[int], algorithm: str = "ring") -> torch.Tensor:
+    """Concatenate every member's ``t`` along dim 0 (member ``i`` has ``dim0s[i]`` rows; a 0-d tensor
+    is one row). Returns a new tensor."""
+    row = row_numel(t)
+    counts = [d * row for d in dim0s]
+    out_shape = (sum(dim0s),) + tuple(t.shape[1:]) if t.dim() else (ch.size,)
+    out = torch.empty(out_shape, dtype=t.dtype, device=t.device)
+    flat = out.view(-1)
+    off = sum(counts[:ch.rank])
+    flat[off:off + counts[ch.rank]].copy_(t.reshape(-1))
+    allgather_(ch, flat, counts, algorithm)
+    return out
+
+
+# ---- rooted -------------------------------------------------------------------------------------------
+def broadcast_(ch: Channel, flat: torch.Tensor, root: int) -> None:
+    """Every member's ``flat`` becomes group rank ``root``'s."""
+    if ch.size > 1 and flat.numel() > 0:
+        ch.run(binomial.broadcast(ch.size, flat.numel(), root), (flat,))
+
+
+def reduce_(ch: Channel, flat: torch.Tensor, root: int, red: Reduction) -> None:
+    """Group rank ``root``'s ``flat`` becomes the reduction over the group (averaged for AVG); other
+    members' ``flat`` is scratch afterwards (interior tree ranks accumulate partial results in it)."""
+    if ch.size > 1 and flat.numel() > 0:
+        ch.run(binomial.reduce(ch.size, flat.numel(), root), (flat,), red.combine)
+    if ch.rank == root:
+        finish_(flat, red, ch.size, 1.0)
+
+
+# ---- all-to-all and barrier ---------------------------------------------------------------------------
+def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
+    """Member ``s`` sends ``all_splits[s][d]`` rows of its ``t`` to member ``d``; returns the received
+    rows concatenated in rank order and how many came from each member."""
+    me = ch.rank
+    row = row_numel(t)
+    recv = [all_splits[s][me] for s in range(ch.size)]
+    out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    src, dst = t.reshape(-1), out.view(-1)
+    mine = all_splits[me]
+    s_off, r_off, n_self = sum(mine[:me]) * row, sum(recv[:me]) * row, mine[me] * row
+    dst[r_off:r_off + n_self].copy_(src[s_off:s_off + n_self])
+    if ch.size > 1:
+        counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
+        ch.run(alltoall_alg.pairwise(ch.size, counts), (dst, src))
+    return out, recv
+
+
+def barrier(ch: Channel) -> None:
+    """Return once every member has entered (a dissemination barrier)."""
+    if ch.size > 1:
+        ch.run(barrier_alg.dissemination(ch.size), (torch.zeros(1, dtype=torch.uint8),))
