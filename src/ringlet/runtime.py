@@ -14,13 +14,14 @@ from typing import Any, Callable
 from .engine.agree import exchange
 from .engine.channel import Channel, tag_base
 from .group import Group
+from .timeline import now_us
 from .types import Options
 
 
 class Work:
     """Handle of an asynchronous collective: ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock")
+    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "span")
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -28,6 +29,17 @@ class Work:
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Work"], None]] = []
         self._lock = threading.Lock()
+        self.span: tuple[float, float] | None = None  # (start, end) of its execution, timeline microseconds
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        """Execute ``fn`` as this work's job: record its span and finish with its result or error."""
+        t0 = now_us()
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through wait()
+            result, error = None, exc
+        self.span = (t0, now_us())
+        self._finish(result, error)
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
@@ -152,13 +164,15 @@ class Runtime:
     # ---- execution ------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], *, sync: bool) -> Work:
         """Run ``fn`` after every earlier submission. Synchronous calls with nothing queued run inline, and
-        so do synchronous calls made by a queued function itself (it already holds its place in the order:
-        a job on the communication thread may run several collectives)."""
+        so do all calls made by a queued function itself, asynchronous ones too: it already holds its place
+        in the order (a job on the communication thread may run several collectives), and queueing behind
+        itself could never finish while it waits."""
         work = Work()
         with self._state_lock:
             if self._closed:
                 raise RuntimeError("ringlet has been shut down")
-            inline = sync and (self._queued == 0 or threading.current_thread() is self._worker)
+            on_worker = threading.current_thread() is self._worker
+            inline = on_worker or (sync and self._queued == 0)
             if not inline:
                 self._queued += 1
                 self._queue.append((fn, work))
@@ -166,10 +180,7 @@ class Runtime:
                 self._wake.notify()
         if inline:
             with self._exec_lock:
-                try:
-                    work._finish(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller through wait()
-                    work._finish(error=exc)
+                work._run(fn)
         return work
 
     def _ensure_worker(self) -> None:
@@ -186,10 +197,7 @@ class Runtime:
                     return
                 fn, work = self._queue.popleft()
             with self._exec_lock:
-                try:
-                    work._finish(fn())
-                except BaseException as exc:  # noqa: BLE001
-                    work._finish(error=exc)
+                work._run(fn)
             with self._state_lock:
                 self._queued -= 1
 

@@ -1,124 +1,194 @@
-"""Where the collectives of :class:`~ringlet.torch.DistributedDataParallel` and of the stock-DDP comm
-hooks go: :class:`Comm` picks ringlet's core queue or, when ``ringlet.torch`` is initialised, its
-name-matched coordinator; :class:`Pending` is one collective in flight on either path.
+"""The one seam between the training front ends and the engine.
+
+:class:`~ringlet.torch.training.DistributedDataParallel`, ``DistributedOptimizer``, the comm hooks for
+stock torch DDP and the sufficient-factors path reach the network only through a :class:`Comm`. Its
+operations return :class:`CommFuture` — a ``torch.futures.Future`` whose value is the op's result and
+which chains with ``then()`` — and run in one of two ways:
+
+* ringlet's core queue (``ringlet.*_async``): ops run in submission order, which must be identical on
+  every rank (DDP submits in bucket order, hooks are called in bucket order);
+* the Horovod coordinator, when ``ringlet.torch`` is initialised: ops are matched by ``name`` on every
+  rank, so the order of submission does not matter and the coordinator records their timeline phases.
+
+Jobs of several collectives with computation between them (:meth:`Comm.submit`) always run on the core
+queue, in submission order, beside the coordinator (their tags never meet its). Errors reach the
+future: ``wait()`` raises the op's exception.
 """
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 
 import ringlet
 from ringlet import collectives as _core
-from ringlet import timeline
 from ringlet.group import Group
 from ringlet.types import ReduceOp
 
-__all__ = ["Comm", "Pending"]
+__all__ = ["Comm", "CommFuture", "ensure_initialized", "session_key"]
 
 
-class Pending:
-    """An in-flight collective of :class:`Comm`: ``wait()`` returns its result or raises its error;
-    ``span()`` gives (start, end) in timeline microseconds when it was timed."""
+class CommFuture(torch.futures.Future):
+    """A ``torch.futures.Future`` of one collective; :meth:`span` gives its (start, end) of execution in
+    timeline microseconds once done on the core queue, else None (the coordinator records its own)."""
 
-    __slots__ = ("_work", "_handle", "_ctx", "_marks")
-
-    def __init__(self, work=None, handle: int | None = None, ctx=None, marks: list | None = None):
-        # The context is kept so that any thread may wait (hvd's synchronize looks it up per thread).
-        self._work, self._handle, self._ctx, self._marks = work, handle, ctx, marks
-
-    def wait(self):
-        if self._handle is not None:
-            return self._ctx.handles.wait(self._handle)
-        return self._work.wait()
+    def __init__(self) -> None:
+        super().__init__()
+        self._span: tuple[float, float] | None = None
 
     def span(self) -> tuple[float, float] | None:
-        if not self._marks:
-            return None
-        return self._marks[0].wait(), self._marks[1].wait()
+        return self._span
+
+
+def _settle(fut: torch.futures.Future, value: Any, error: BaseException | None) -> None:
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+def _from_work(work) -> CommFuture:
+    fut = CommFuture()
+
+    def done(w) -> None:
+        fut._span = w.span
+        _settle(fut, w._result, w._error)
+
+    work.add_done_callback(done)
+    return fut
+
+
+def _from_handle(ctx, handle: int) -> CommFuture:
+    fut = CommFuture()
+    ctx.handles.on_done(handle, lambda value, error: _settle(fut, value, error))
+    return fut
 
 
 class Comm:
-    """Where the collectives of DDP and the comm hooks go.
+    """Collectives of one group for the training front ends (see the module doc for the two paths).
 
-    Normally ringlet's core queue (``allreduce_async_`` / ``broadcast_async_``): ops run in submission
-    order, which is identical on every rank because DDP submits in bucket order. When ``ringlet.torch``
-    is initialised its coordinator also drives that queue, from its own thread, so the interleaving
-    would differ between ranks; then the ops go through the coordinator under fixed names instead
-    (matched by name, so interleaving does not matter), and the coordinator records their timeline phases.
+    ``group_or_set``: a :class:`ringlet.Group`, a ``ringlet.torch`` ProcessSet or None (the world);
+    with ``ringlet.torch`` initialised it must name a process set (or the world). ``algorithm``: the
+    all-reduce algorithm on the core path. ``ValueError`` when ringlet is not initialised.
     """
 
     def __init__(self, group_or_set=None, algorithm: str = "auto"):
         self.algorithm = algorithm
-        ctx = _torch_context()
-        self.coordinated = ctx is not None
+        self._ctx = _torch_context()
+        self.coordinated = self._ctx is not None
+        rt = _core.runtime()
         if self.coordinated:
-            from .process_sets import ProcessSet, global_process_set
-
-            if group_or_set is None:
-                self.process_set = global_process_set
-            elif isinstance(group_or_set, ProcessSet):
-                self.process_set = group_or_set
-            elif isinstance(group_or_set, Group) and group_or_set.ranks == tuple(range(ctx.rt.size)):
-                self.process_set = global_process_set
-            else:
-                raise TypeError("With ringlet.torch initialised, pass a ringlet.torch ProcessSet (or None for "
-                                f"the world) as the group, not {type(group_or_set).__name__}.")
-            ranks = self.process_set.ranks
-            self.group = None
-            self.ranks = tuple(ranks)
+            self.process_set = _process_set(self._ctx, group_or_set)
+            self.group = self.process_set._group() if self.process_set.ranks != list(range(rt.size)) else None
+            self.ranks = tuple(self.process_set.ranks)
         else:
             self.group = _resolve_group(group_or_set)
-            self.ranks = self.group.ranks if self.group is not None else tuple(range(_core.runtime().size))
+            self.ranks = self.group.ranks if self.group is not None else tuple(range(rt.size))
         self.root = self.ranks[0]
         self.size = len(self.ranks)
 
-    def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
-                   timed: bool = False, check: bool | None = None, algorithm: str | None = None) -> Pending:
-        """In-place all-reduce of ``t`` (``name`` is used only in coordinated mode, where the coordinator
-        validates every op; ``check`` and ``algorithm`` (default: the one given at construction) apply to
-        the core path, see :func:`ringlet.allreduce`)."""
+    # ---- single collectives ------------------------------------------------------------------------
+    def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0, timed: bool = False,
+                   check: bool | None = None, algorithm: str | None = None) -> CommFuture:
+        """In-place all-reduce of ``t``; the future's value is ``t``. ``check`` and ``algorithm``
+        (default: the one given at construction) apply to the core path (see :func:`ringlet.allreduce`).
+        ``timed`` is accepted for callers that ask; the core path always records :meth:`CommFuture.span`."""
         if self.coordinated:
             from . import mpi_ops
 
-            return Pending(handle=mpi_ops.allreduce_async_(t, name=name, op=int(op), prescale_factor=prescale,
-                                                           process_set=self.process_set), ctx=_torch_context())
-        marks = [_stamp()] if timed else None
+            return _from_handle(self._ctx, mpi_ops.allreduce_async_(t, name=name, op=int(op), prescale_factor=prescale,
+                                                                    process_set=self.process_set))
         work = ringlet.allreduce_async_(t, op=op, algorithm=algorithm or self.algorithm, group=self.group,
                                         prescale_factor=prescale, check=check)
-        if timed:
-            marks.append(_stamp())
-        return Pending(work=work, marks=marks)
+        return _from_work(work)
 
-    def submit(self, fn, timed: bool = False) -> Pending:
-        """Run ``fn`` on ringlet's communication thread, in queue order, where it may issue several
-        collectives of its own (core path only; every rank must submit the same jobs in the same order)."""
+    def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None) -> CommFuture:
+        """Every member's ``t`` concatenated along dim 0 (ragged dim 0; ``sizes`` and ``check`` as in
+        :func:`ringlet.allgather`, core path only)."""
         if self.coordinated:
-            raise RuntimeError("jobs of several collectives need ringlet's core queue, not the coordinator")
+            from . import mpi_ops
+
+            return _from_handle(self._ctx, mpi_ops.allgather_async(t, name=name, process_set=self.process_set))
+        return _from_work(ringlet.allgather_async(t, group=self.group, sizes=sizes, check=check))
+
+    def reduce_scatter(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
+                       postscale: float = 1.0) -> CommFuture:
+        """Reduce ``t`` over the group; the value is this rank's rows of dim 0 (the first
+        ``dim0 % size`` ranks get one extra row)."""
+        if self.coordinated:
+            from . import mpi_ops
+
+            return _from_handle(self._ctx, mpi_ops.reducescatter_async(
+                t, name=name, op=int(op), process_set=self.process_set, prescale_factor=prescale,
+                postscale_factor=postscale))
+        return _from_work(ringlet.reduce_scatter_async(t, op=op, group=self.group, prescale_factor=prescale,
+                                                       postscale_factor=postscale))
+
+    def broadcast_(self, t: torch.Tensor, name: str) -> CommFuture:
+        """In-place broadcast of ``t`` from the group's first rank."""
+        if self.coordinated:
+            from . import mpi_ops
+
+            return _from_handle(self._ctx, mpi_ops.broadcast_async_(t, self.root, name=name,
+                                                                    process_set=self.process_set))
+        return _from_work(ringlet.broadcast_async_(t, self.root, group=self.group))
+
+    # ---- jobs -----------------------------------------------------------------------------------------
+    def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:
+        """Run ``fn`` on ringlet's communication thread, in queue order, where it may call ringlet's core
+        collectives (synchronous ones run inline there). Every rank must submit the same jobs in the
+        same order; the future's value is ``fn``'s return value."""
         rt = _core.runtime()
 
         def job():
             with _core.use_runtime(rt):  # the caller's runtime, also where runtimes are per thread (tests)
                 return fn()
 
-        marks = [_stamp()] if timed else None
-        work = rt.submit(job, sync=False)
-        if timed:
-            marks.append(_stamp())
-        return Pending(work=work, marks=marks)
+        return _from_work(rt.submit(job, sync=False))
 
-    def broadcast_(self, t: torch.Tensor, name: str) -> Pending:
-        """In-place broadcast of ``t`` from the group's first rank."""
-        if self.coordinated:
-            from . import mpi_ops
 
-            return Pending(handle=mpi_ops.broadcast_async_(t, self.root, name=name, process_set=self.process_set),
-                           ctx=_torch_context())
-        return Pending(work=ringlet.broadcast_async_(t, self.root, group=self.group))
+def ensure_initialized() -> None:
+    """Initialise ringlet on torch.distributed's existing default process group when nothing has
+    initialised it yet (the comm hooks need nothing but the hook line). ringlet's traffic then runs on
+    a Gloo group of its own beside the script's. ``ValueError`` when neither is initialised."""
+    try:
+        _core.runtime()
+        return
+    except ValueError:
+        pass
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("ringlet has not been initialized and torch.distributed has no default process group: "
+                         "call dist.init_process_group(...) or ringlet.init() first.")
+    from ringlet.transport.torchdist import TorchTransport
+
+    ringlet.init(TorchTransport.beside_default_group())
+
+
+def session_key() -> tuple[int, int]:
+    """Identifies the current ringlet runtime and ``ringlet.torch`` context: it changes when either is
+    initialised or shut down, so a cached :class:`Comm` knows to be rebuilt."""
+    return id(_core.runtime()), id(_torch_context())
 
 
 def _torch_context():
     from .basics import _ctx_or_none
 
     return _ctx_or_none()
+
+
+def _process_set(ctx, group_or_set):
+    from .process_sets import ProcessSet, global_process_set
+
+    if group_or_set is None:
+        return global_process_set
+    if isinstance(group_or_set, ProcessSet):
+        return group_or_set
+    if isinstance(group_or_set, Group) and group_or_set.ranks == tuple(range(ctx.rt.size)):
+        return global_process_set
+    raise TypeError("With ringlet.torch initialised, pass a ringlet.torch ProcessSet (or None for "
+                    f"the world) as the group, not {type(group_or_set).__name__}.")
 
 
 def _resolve_group(g) -> Group | None:
@@ -128,9 +198,3 @@ def _resolve_group(g) -> Group | None:
         return g._group()
     raise TypeError(f"process_group must be a ringlet Group or ProcessSet, got {type(g).__name__}; torch "
                     "ProcessGroups belong to torch's own DistributedDataParallel (see ringlet.torch.hooks).")
-
-
-def _stamp():
-    """A no-op queued on ringlet's comm thread whose result is the time it ran: placed right before and
-    after a collective, the two stamps bracket its execution (collectives run one at a time in order)."""
-    return _core.runtime().submit(timeline.now_us, sync=False)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 class HandleState:
     """Completion of one handle (an op, or every member of a grouped op)."""
 
-    __slots__ = ("event", "result", "error", "pending", "finalize")
+    __slots__ = ("event", "result", "error", "pending", "finalize", "callback")
 
     def __init__(self, parts: int, finalize: Callable[[list], Any] | None):
         self.event = threading.Event()
@@ -16,6 +16,16 @@ class HandleState:
         self.error: BaseException | None = None
         self.pending = parts
         self.finalize = finalize  # turns the per-part results into what synchronize returns
+        self.callback: Callable[[Any, BaseException | None], None] | None = None
+
+    def outcome(self) -> tuple[Any, BaseException | None]:
+        """(value, None) or (None, error) of a finished handle."""
+        if self.error is not None:
+            return None, self.error
+        try:
+            return (self.finalize(self.result) if self.finalize is not None else self.result[0]), None
+        except BaseException as exc:  # noqa: BLE001 - a failing finalizer is the op's outcome
+            return None, exc
 
 
 class HandleTable:
@@ -53,6 +63,28 @@ class HandleTable:
             st.pending -= 1
             if st.pending <= 0:
                 st.event.set()
+            callback = self._release(handle, st)
+        if callback is not None:
+            callback(*st.outcome())
+
+    def _release(self, handle: int, st: HandleState):
+        """A finished handle with a callback is forgotten here (nobody waits on it); returns the callback."""
+        if not st.event.is_set() or st.callback is None:
+            return None
+        self._states.pop(handle, None)
+        return st.callback
+
+    def on_done(self, handle: int, fn: Callable[[Any, BaseException | None], None]) -> None:
+        """Call ``fn(value, error)`` once ``handle`` finishes (at once when it has) and forget the handle:
+        it must not be waited for, polled or synchronized afterwards. ``fn`` must not raise."""
+        with self._lock:
+            st = self._states.get(handle)
+            if st is None:
+                raise ValueError(f"Handle {handle!r} was not created or has been cleared.")
+            st.callback = fn
+            callback = self._release(handle, st)
+        if callback is not None:
+            callback(*st.outcome())
 
     def discard(self, handle: int) -> None:
         """Forget a handle whose submission was rejected."""
@@ -81,7 +113,13 @@ class HandleTable:
 
     def fail_all(self, error: BaseException) -> None:
         with self._lock:
-            for st in self._states.values():
+            called = []
+            for h, st in list(self._states.items()):
                 if not st.event.is_set():
                     st.error = st.error or error
                     st.event.set()
+                    callback = self._release(h, st)
+                    if callback is not None:
+                        called.append((callback, st))
+        for callback, st in called:
+            callback(*st.outcome())

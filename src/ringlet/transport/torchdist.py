@@ -126,7 +126,8 @@ class TorchTransport(Transport):
     name = "torch"
     native_digest = True
 
-    def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None):
+    def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None,
+                 own_world: bool = False):
         dist = _dist()
         self._timeout = Options.from_env().timeout if timeout is None else timeout
         self.rank = dist.get_rank()
@@ -151,8 +152,9 @@ class TorchTransport(Transport):
                 pg = dist.new_group(backend="nccl")
                 self._created.append(pg)
                 self._cuda_groups[world] = pg
-        if not any(b in backend for b in ("gloo", "mpi", "ucc")):
-            # A user-made NCCL-only default group cannot move CPU tensors; add a Gloo group beside it.
+        if own_world or not any(b in backend for b in ("gloo", "mpi", "ucc")):
+            # A Gloo group beside the default one: asked for, or a user-made NCCL-only default group
+            # cannot move CPU tensors.
             pg = dist.new_group(backend="gloo")
             self._created.append(pg)
             self._cpu_groups[world] = pg
@@ -179,6 +181,14 @@ class TorchTransport(Transport):
                                f"(missing: {', '.join(missing)}). Launch with `ringlet run -np N -- ...`.")
         init_default_group(opts.timeout)
         return cls(owns_group=True, timeout=opts.timeout)
+
+    @classmethod
+    def beside_default_group(cls, options: Options | None = None) -> "TorchTransport":
+        """Join the script's already initialised default group, but carry ringlet's CPU traffic on a
+        Gloo group of its own (created here, collectively: every rank must call this at the same point),
+        so that it never shares a group with the script's own collectives."""
+        opts = options or Options.from_env()
+        return cls(owns_group=False, timeout=opts.timeout, own_world=True)
 
     # ---- point to point ------------------------------------------------------------------
     def _group_for(self, buf: torch.Tensor, ranks: tuple[int, ...]):

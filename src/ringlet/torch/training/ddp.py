@@ -73,7 +73,7 @@ from ringlet.tuning import OnlineChoice
 from ringlet.types import ReduceOp
 
 from . import factors as _factors
-from ..comm import Comm, Pending
+from ..comm import Comm, CommFuture
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class _Bucket:
         self.result: tuple | None = None       # factor entries: (average or None, used factors)
         self.buffer = torch.zeros(0 if factor is not None else n, dtype=params[0].dtype, device=params[0].device)
         self.pending = len(params)
-        self.work: Pending | None = None
+        self.work: CommFuture | None = None
         self.t_launch = 0.0
         # The first reduction with each algorithm checks the bucket's shape, dtype and algorithm across
         # ranks; the layout never changes afterwards, so later ones skip that exchange (torch DDP, too,

@@ -1,124 +1,120 @@
 """Comm hooks that route the buckets of stock ``torch.nn.parallel.DistributedDataParallel`` through ringlet.
 
-Usage::
+Usage — the hook line is all a script needs::
 
-    model = torch.nn.parallel.DistributedDataParallel(net, process_group=pg)
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(net)
     model.register_comm_hook(ringlet.torch.hooks.HookState(), ringlet.torch.hooks.allreduce_hook)
 
 Each hook receives a ``torch.distributed.GradBucket`` and returns a ``torch.futures.Future`` holding the
 bucket's flat gradient averaged over the group, as torch's own ``allreduce_hook`` does. The hook does
-not block: it queues the all-reduce on ringlet's communication thread and, right behind it on that
-thread, a completion step that fills the future (or sets its exception). DDP calls hooks in bucket order
-on every rank, which is the order ringlet needs.
+not block: it hands the bucket to the communicator (:class:`ringlet.torch.comm.Comm`) and chains the
+completion to its future. DDP calls hooks in bucket order on every rank, which is the order ringlet's
+core queue needs.
+
+When ringlet is not initialised, the first hook call initialises it on torch.distributed's default
+process group, with ringlet's traffic on a Gloo group of its own (every rank reaches its first hook
+call at the same point, so the group is created collectively). ``ValueError`` when torch.distributed
+is not initialised either.
 
 Variants: :func:`fp16_compress_hook` / :func:`bf16_compress_hook` cast the bucket to half precision,
 sum ``bucket / size`` (dividing first keeps fp16 from overflowing) and cast the result back into the
 bucket. ``HookState.algorithm`` picks ringlet's all-reduce algorithm.
-
-ringlet must be initialised. Give stock DDP a process group of its own (``dist.new_group(...)``) when
-ringlet uses the torch transport, so DDP's own broadcasts and ringlet's traffic never share one group.
 """
-import queue
-import threading
-from dataclasses import dataclass
+# No ``from __future__ import annotations``: torch's register_comm_hook checks the hooks' return
+# annotation as an object.
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ringlet import collectives as _core
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
-from ..comm import Comm
+from ..comm import Comm, CommFuture, ensure_initialized, session_key
 
-__all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["HookState", "BucketState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
+class BucketState:
+    """What a hook keeps for one bucket between steps (compressors keep their residuals here).
+    ``calls``: how many times the bucket was reduced; ``data``: the hook's own per-bucket state."""
+
+    index: int
+    calls: int = 0
+    data: dict = field(default_factory=dict)
+
+
 class HookState:
-    """What the hooks need: ``group`` (a :class:`ringlet.Group`, a ``ringlet.torch`` ProcessSet or
-    ``None`` for the world — it must contain the same ranks as DDP's process group) and ``algorithm``."""
+    """The state of ringlet's comm hooks: ``group`` (a :class:`ringlet.Group`, a ``ringlet.torch``
+    ProcessSet or ``None`` for the world — the same ranks as DDP's process group), ``algorithm``, and
+    mutable per-bucket :class:`BucketState` (:meth:`bucket`). One state per DDP model."""
 
-    group: Any = None
-    algorithm: str = "auto"
+    __slots__ = ("group", "algorithm", "buckets", "_comm", "_comm_key")
 
+    def __init__(self, group: Any = None, algorithm: str = "auto"):
+        self.group = group
+        self.algorithm = algorithm
+        self.buckets: dict[int, BucketState] = {}
+        self._comm: Comm | None = None
+        self._comm_key: tuple | None = None
 
-def _comm(state: HookState | None) -> Comm:
-    # Built per call: cheap, and it follows ringlet.torch being initialised or shut down between steps.
-    return Comm(None if state is None else state.group, "auto" if state is None else state.algorithm)
+    def bucket(self, index: int) -> BucketState:
+        """The state of bucket ``index``, created on first use."""
+        st = self.buckets.get(index)
+        if st is None:
+            st = self.buckets[index] = BucketState(index)
+        return st
 
-
-class _Waiter:
-    """In coordinated mode (see :class:`ringlet.torch.comm.Comm`) completion comes from the coordinator's
-    handles, which have no callbacks: one daemon thread waits for them in order and fills the futures."""
-
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def add(self, complete: Callable[[], None]) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="ringlet-hook-waiter", daemon=True)
-                self._thread.start()
-        self._q.put(complete)
-
-    def _run(self) -> None:
-        while True:
-            self._q.get()()
+    def comm(self) -> "Comm":
+        """The communicator, initialising ringlet first if needed; rebuilt when ringlet or
+        ``ringlet.torch`` was initialised or shut down since the last call."""
+        ensure_initialized()
+        key = session_key()
+        if self._comm is None or key != self._comm_key:
+            self._comm, self._comm_key = Comm(self.group, self.algorithm), key
+        return self._comm
 
 
-_waiter = _Waiter()
-
-
-def _reduce(state: HookState | None, send: torch.Tensor, finish: Callable[[], torch.Tensor], label: str,
+def _reduce(state: HookState | None, bucket, send: torch.Tensor, finish: Callable[[], torch.Tensor],
             op: ReduceOp, prescale: float) -> torch.futures.Future[torch.Tensor]:
-    """Queue an in-place all-reduce of ``send``; when it is done, ``finish()`` gives the future's value."""
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    comm = _comm(state)
-    tl = timeline.active()
-    pending = comm.allreduce_(send, op, f"ringlet.hook.{label}", prescale=prescale, timed=tl is not None)
+    """All-reduce ``send`` in place; the returned future's value is ``finish()``, run once it is done."""
+    state = state if state is not None else HookState()
+    comm = state.comm()
+    state.bucket(bucket.index()).calls += 1
+    label = f"ddp_hook.bucket{bucket.index()}"
+    fut = comm.allreduce_(send, op, f"ringlet.hook.{label}", prescale=prescale)
+    nbytes = send.numel() * send.element_size()
 
-    def complete() -> None:
-        try:
-            pending.wait()
-            times = pending.span() if tl is not None else None
-            if times is not None:
-                tl.span(label, "COMMUNICATE", times[0], times[1], {"bytes": send.numel() * send.element_size()})
-            fut.set_result(finish())
-        except BaseException as exc:  # noqa: BLE001 - handed to DDP through the future
-            fut.set_exception(exc)
+    def done(f: CommFuture) -> torch.Tensor:
+        f.wait()  # raises the collective's error into the chained future
+        tl = timeline.active()
+        times = f.span() if tl is not None else None
+        if times is not None:
+            tl.span(label, "COMMUNICATE", times[0], times[1], {"bytes": nbytes})
+        return finish()
 
-    if comm.coordinated:
-        _waiter.add(complete)
-    else:
-        # Queued behind the all-reduce on ringlet's comm thread (ops run in submission order), so it
-        # runs right after it; its wait()s return at once. The end stamp is queued before it.
-        _core.runtime().submit(complete, sync=False)
-    return fut
-
-
-def _label(bucket) -> str:
-    return f"ddp_hook.bucket{bucket.index()}"
+    return fut.then(done)
 
 
 def allreduce_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket over the group with ringlet (op AVG, in place on the bucket's buffer)."""
     buf = bucket.buffer()
-    return _reduce(state, buf, lambda: buf, _label(bucket), ReduceOp.AVG, 1.0)
+    return _reduce(state, bucket, buf, lambda: buf, ReduceOp.AVG, 1.0)
 
 
 def _compress_hook(dtype: torch.dtype, state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
+    state = state if state is not None else HookState()
     buf = bucket.buffer()
-    size = _comm(state).size
+    size = state.comm().size
     small = buf.to(dtype)
 
     def finish() -> torch.Tensor:
         buf.copy_(small)
         return buf
 
-    return _reduce(state, small, finish, _label(bucket), ReduceOp.SUM, 1.0 / size)
+    return _reduce(state, bucket, small, finish, ReduceOp.SUM, 1.0 / size)
 
 
 def fp16_compress_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
