@@ -143,8 +143,8 @@ class Options:
     ``check``: exchange a small metadata record before each collective so that mismatched
     shapes/dtypes/ops raise on every rank instead of hanging (``RINGLET_CHECK=0`` switches it off).
     ``timeout``: seconds a single collective may wait on a peer (``RINGLET_TIMEOUT``).
-    ``segment_bytes``: pipeline granularity of the executor (``RINGLET_SEGMENT_BYTES``); 4 MiB measured
-    best here over Gloo and shm at 16-64 MiB (1 MiB segments cost Gloo 10-25% in per-message overhead).
+    ``segment_bytes``: pipeline granularity of the executor (``RINGLET_SEGMENT_BYTES``, default 4 MiB;
+    docs/design.md says why).
     ``algorithm``: forced algorithm name or ``"auto"`` (``RINGLET_ALGORITHM``).
     """
 

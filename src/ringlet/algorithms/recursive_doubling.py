@@ -6,8 +6,8 @@ Half the rounds of recursive halving-doubling, at the price of sending the whole
 
     ⌈log₂p⌉·(α + nβ + nγ)   against   2⌈log₂p⌉·α + 2(p-1)/p·nβ + (p-1)/p·nγ
 
-so it wins while ``n`` is below a few α/β — tens of KiB where a message costs tens of microseconds,
-far more over Gloo, whose messages cost milliseconds here.
+so it wins while ``n`` is below a few α/β: the larger a message's fixed cost α, the larger the sizes
+it wins.
 
 Non-powers of two fold in exactly as :mod:`halving_doubling` does (``participants`` is shared): with
 ``r = p - p'`` extra ranks, rank ``2i`` first hands its vector to ``2i+1``, which takes part for both

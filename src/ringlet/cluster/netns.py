@@ -50,8 +50,8 @@ def missing_tools() -> list[str]:
 
 
 def tbf_burst(rate_bits: int) -> int:
-    """Bucket size of a tbf cap: 2 ms of traffic, at least 64 KiB (one GSO packet). At 1 Gbit/s this is
-    250 kB, about the 256 KiB with which a 1 Gbit/s cap measured 119.5 MB/s of TCP payload."""
+    """Bucket size of a tbf cap: 2 ms of traffic, at least 64 KiB (one GSO packet); 250 kB at 1 Gbit/s
+    (docs/design.md has the measurement behind it)."""
     return max(64 * 1024, rate_bits // 8 // 500)
 
 

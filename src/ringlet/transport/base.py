@@ -58,7 +58,7 @@ class Transport(abc.ABC):
     native_small: bool = False
     # True when the metadata check should be one tiny native all-reduce of a digest (the full record
     # exchange then runs only on a mismatch, to name it): a compiled collective finishes sooner than
-    # a Python-driven all-gather of records (Gloo here: about 1 ms against 2.2 ms on 4 ranks).
+    # a Python-driven all-gather of records.
     native_digest: bool = False
     rank: int
     size: int

@@ -208,8 +208,8 @@ class TorchTransport(Transport):
         """The process group object that carries point-to-point messages of ``buf``'s device.
 
         Messages go straight to its ``send``/``recv`` (what ``dist.isend`` ends in after its argument
-        checks, which the executor's contiguous 1-D views always pass): the wrappers cost about 20 us
-        per message, and an all-reduce posts dozens."""
+        checks, which the executor's contiguous 1-D views always pass): the wrappers' cost is paid per
+        message, and an all-reduce posts dozens."""
         cuda = buf.is_cuda
         pg = self._p2p_pg[cuda]
         if pg is None:
