@@ -17,7 +17,10 @@ Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``
 ``torch:NAME=VALUE,...`` likewise for torch's (a NAME starting with ``_`` sets that attribute of the
 wrapper after construction: private A/B knobs such as ``ringlet:_factor_gather=direct``); ``ringlet-copy`` is ringlet's DDP copying the averages
 into ``.grad`` instead of lending them (its behaviour before 2026-11-23); ``local`` trains the model on each
-rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to).
+rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to);
+``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
+SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
+what ringlet's DDP arms go through.
 
 ``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
 one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
@@ -56,8 +59,9 @@ def _value(text: str):
 
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
-    if kind not in ("torch", "ringlet", "ringlet-copy", "local"):
-        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...] or local")
+    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd"):
+        raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
+                         "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
 
 
@@ -82,6 +86,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # env:// from ringlet run; ringlet then reuses this group
     ringlet.init()
+    if any(parse_arm(spec)[0] == "hvd" for spec in args.arms):
+        ringlet.torch.init()
     rank, size = dist.get_rank(), dist.get_world_size()
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
@@ -93,8 +99,12 @@ def main() -> None:
         model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
         private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
         opts = {k: v for k, v in opts.items() if not k.startswith("_")}
-        if kind == "local":  # no communication at all: the compute floor of a step
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        if kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
             wrapped = model
+            if kind == "hvd":
+                optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                               **opts)
         elif kind == "torch":
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
         else:
@@ -105,7 +115,7 @@ def main() -> None:
             setattr(wrapped, k, v)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
             wrapped._lend_gradients = False
-        arms.append((spec, wrapped, torch.optim.SGD(model.parameters(), lr=0.01)))
+        arms.append((spec, wrapped, optimizer))
 
     def step(model, opt) -> None:
         opt.zero_grad()
@@ -181,6 +191,7 @@ def main() -> None:
             print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
                   flush=True)
     timeline.stop_timeline()
+    ringlet.torch.shutdown()
     ringlet.shutdown()
     dist.destroy_process_group()
 
