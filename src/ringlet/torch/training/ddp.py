@@ -32,7 +32,8 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   on every rank every step, with a dense all-reduce on all ranks when any check fails). With the tuner
   on, those steps are timed against the dense reduction (five to twenty steps each, as above) and kept
   only if faster by more than 3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors
-  every eligible layer untimed, ``False`` never. Under ``ringlet.torch``'s coordinator it is off;
+  the same layers untimed (never one whose factors are not fewer numbers than its gradient: it would
+  only add a collective), ``False`` none. Under ``ringlet.torch``'s coordinator it is off;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters

@@ -23,9 +23,9 @@ __all__ = ["FactorLayers", "FactorReduction"]
 class FactorLayers:
     """The ``nn.Linear`` layers whose weight may be reduced from factors, and the ones chosen.
 
-    ``mode``: ``"on"`` chooses every eligible layer, ``"auto"`` those whose gathered factors are fewer
-    numbers than their gradient (:func:`~ringlet.torch.training.factors.worth_factoring`) and puts them
-    on trial against the dense reduction, ``"off"`` none. The choice is made once, from rank 0's
+    ``mode``: ``"on"`` and ``"auto"`` choose the eligible layers whose gathered factors are fewer numbers
+    than their gradient (:func:`~ringlet.torch.training.factors.worth_factoring`); ``"auto"`` then puts
+    them on trial against the dense reduction, ``"on"`` keeps them; ``"off"`` chooses none. The choice is made once, from rank 0's
     row counts (:meth:`wanted`, broadcast by the DDP, then :meth:`choose`); the capture hooks of layers
     not chosen are removed.
     """
@@ -47,10 +47,9 @@ class FactorLayers:
         return self.mode == "auto" and bool(self.layers)
 
     def wanted(self, size: int) -> list[int]:
-        """Per layer, 1 to choose it (for ``"auto"``: worth factoring on ``size`` ranks by this rank's last row
-        counts)."""
-        return [int(self.mode == "on" or _factors.worth_factoring(size, f.rows, f.out_features, f.in_features))
-                for f in self.layers]
+        """Per layer, 1 if it is worth factoring on ``size`` ranks by this rank's last row counts (a layer
+        that saw no rows is not)."""
+        return [int(_factors.worth_factoring(size, f.rows, f.out_features, f.in_features)) for f in self.layers]
 
     def choose(self, flags: list[int]) -> dict[int, _factors.FactoredLinear]:
         """Keep the layers flagged (in :meth:`wanted`'s order); the others stop capturing."""

@@ -21,7 +21,7 @@ class DDPOptions:
     algorithm: str = "auto"
     tune: bool = True
     gradient_as_bucket_view: bool = False
-    sufficient_factors: str = "auto"  # "off", "on" (every eligible layer) or "auto" (where it pays)
+    sufficient_factors: str = "auto"  # "off", "on" (where the factors are smaller) or "auto" (... and faster)
 
     @classmethod
     def parse(cls, bucket_cap_mb: float, first_bucket_cap_mb: float | None, sufficient_factors: bool | str,
