@@ -121,7 +121,7 @@ def main():
     ddp_options = {k: float(v) for k, v in (o.split("=", 1) for o in args.ddp_option)}
     hvd_groups = None
     if args.hvd_groups == "buckets":  # as DDP buckets them: reverse order, 1 MB first, then 25 MB
-        from ringlet.torch.training.ddp import assign_buckets
+        from ringlet.torch.training.buckets import assign_buckets
 
         params = list(model.parameters())
         hvd_groups = [[params[i] for i in b] for b in assign_buckets(params, 25 << 20, 1 << 20)]

@@ -312,49 +312,56 @@ def case_accumulation(rank, world):
 
 
 class OutsideUse(Net):
-    """Uses ``c.weight`` outside ``c``'s forward too: its gradient is not the factors' product."""
+    """Uses ``b.weight`` outside ``b``'s forward too: its gradient is not the factors' product."""
 
     def forward(self, x, step: int = 0, use_only0: bool = False):
-        return super().forward(x, step, use_only0) + 0.1 * self.c.weight.sum(dim=1)
+        return super().forward(x, step, use_only0) + 0.1 * self.b.weight.sum()
+
+
+def wide(extra: bool = False) -> Net:
+    """Width 64: the 64 x 64 layers (b, and side and only0) are worth factoring on 4 rows per rank (up
+    to 7 ranks); a (6 inputs) and c (4 outputs) never are."""
+    return base_model(extra, width=64)
 
 
 def outside_use_model() -> OutsideUse:
     torch.manual_seed(1234)
-    return OutsideUse()
+    return OutsideUse(64)
 
 
 def case_sufficient_factors(rank, world):
     """Weight gradients of the linear layers averaged from gathered factors (from the second step on):
     the same training as single-process, with and without accumulation, both ways of zeroing; a weight
-    also used outside its layer falls back to the dense all-reduce on every rank; "auto" leaves this tiny
-    model's layers dense, and times factors against dense where a layer qualifies."""
+    also used outside its layer falls back to the dense all-reduce on every rank; True and "auto" leave
+    layers dense whose factors are not fewer numbers than their gradient; "auto" times factors against
+    dense where a layer qualifies."""
     def run(numbers):
         for micro in (1, 3):
             for set_to_none in (True, False):
-                model = base_model()
+                model = wide()
                 ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
                 train_ddp(ddp, model, 4, rank, world, micro=micro, set_to_none=set_to_none)
-                check(ddp.factored == ["c.weight", "b.weight", "a.weight"], f"factored {ddp.factored}")
-                check(ddp.factored_reductions == 9 and ddp.factor_fallbacks == 0,
+                check(ddp.factored == ["b.weight"], f"factored {ddp.factored}")
+                check(ddp.factored_reductions == 3 and ddp.factor_fallbacks == 0,
                       f"{ddp.factored_reductions} factored, {ddp.factor_fallbacks} fallbacks")
-                d = maxdiff(model, reference(4, world, micro=micro))
+                d = maxdiff(model, reference(4, world, micro=micro, make=wide))
                 check(d <= TOL, f"max |ddp with factors - single process| = {d} (micro={micro}, "
                       f"set_to_none={set_to_none})")
                 numbers[f"factors_diff_{micro}_{set_to_none}"] = d
         # The average's memory is reused for the next step only when nothing else holds it.
-        model = base_model()
+        model = wide()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
         train_ddp(ddp, model, 3, rank, world)
-        kept = model.a.weight.grad
+        kept = model.b.weight.grad
         value = kept.clone()
         train_ddp(ddp, model, 1, rank, world)
         check(torch.equal(kept, value), "a gradient kept across a step changed")
-        check(model.a.weight.grad.data_ptr() != kept.data_ptr(), "the kept gradient's memory was reused")
+        check(model.b.weight.grad.data_ptr() != kept.data_ptr(), "the kept gradient's memory was reused")
         model = outside_use_model()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
         train_ddp(ddp, model, 4, rank, world)
-        check(ddp.factor_fallbacks == 3 and ddp.factored_reductions == 6,
-              f"{ddp.factored_reductions} factored, {ddp.factor_fallbacks} fallbacks")
+        check(ddp.factored == ["b.weight"] and ddp.factor_fallbacks == 3 and ddp.factored_reductions == 0,
+              f"{ddp.factored}: {ddp.factored_reductions} factored, {ddp.factor_fallbacks} fallbacks")
         d = maxdiff(model, reference(4, world, make=outside_use_model))
         check(d <= TOL, f"max |ddp, weight used outside its layer - single process| = {d}")
         model = base_model()
@@ -362,12 +369,15 @@ def case_sufficient_factors(rank, world):
         train_ddp(ddp, model, 3, rank, world)
         check(ddp.factored == [], f"auto factored {ddp.factored} on a 4-row batch")
         check(not any(c.endswith("+factors") for c in ddp._tuner.candidates), f"trials {ddp._tuner.candidates}")
+        model = base_model()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
+        train_ddp(ddp, model, 3, rank, world)
+        check(ddp.factored == [] and ddp.factored_reductions == 0, f"True factored {ddp.factored} on a 4-row batch")
+        d = maxdiff(model, reference(3, world))
+        check(d <= TOL, f"max |ddp, True on a tiny model - single process| = {d}")
 
-        # The default ("auto") with a layer worth factoring (64 x 64 on 4 rows per rank, up to 4 ranks):
-        # timed against the dense reduction over the first steps, the same choice on every rank, exact.
-        def wide():
-            return base_model(width=64)
-
+        # The default ("auto") with a layer worth factoring: timed against the dense reduction over the
+        # first steps, the same choice on every rank, exact.
         model = wide()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
         ddp._tuner.max_trials = ddp._tuner.trials  # decided within the 20 steps (extension: case_tuned_algorithm)
@@ -386,12 +396,12 @@ def case_sufficient_factors(rank, world):
 
         # sufficient_factors=True keeps every chosen layer factored past the tuner's choice of algorithm
         # (on 3+ ranks it times "auto" against "direct" over the first steps, factors not on trial).
-        model = base_model()
+        model = wide()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, sufficient_factors=True)
         train_ddp(ddp, model, 20, rank, world)
-        check(ddp.factored == ["c.weight", "b.weight", "a.weight"] and ddp.factored_reductions == 3 * 19,
+        check(ddp.factored == ["b.weight"] and ddp.factored_reductions == 19,
               f"after the tuner ({ddp._tuner.decision}): factored {ddp.factored}, {ddp.factored_reductions} reductions")
-        d = maxdiff(model, reference(20, world))
+        d = maxdiff(model, reference(20, world, make=wide))
         check(d <= TOL, f"max |ddp, factors forced through tuning - single process| = {d}")
     return run
 
@@ -399,12 +409,13 @@ def case_sufficient_factors(rank, world):
 def case_unused(rank, world):
     def run(numbers):
         for as_view, factors in ((False, False), (True, False), (False, True)):
-            model = base_model(extra=True)
+            make = (lambda: wide(extra=True)) if factors else (lambda: base_model(extra=True))
+            model = make()
             dead0 = model.dead.weight.detach().clone()
             ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True,
                                           gradient_as_bucket_view=as_view, sufficient_factors=factors)
             train_ddp(ddp, model, 4, rank, world, momentum=0.0)
-            d = maxdiff(model, reference(4, world, extra=True, momentum=0.0))
+            d = maxdiff(model, reference(4, world, momentum=0.0, make=make))
             check(d <= TOL, f"max |ddp - single process| with unused parameters (views: {as_view}, "
                   f"factors: {factors}) = {d}")
             check(not factors or "side.weight" in ddp.factored, f"factored: {ddp.factored}")
@@ -418,18 +429,20 @@ def case_partial_use(rank, world):
     it is averaged from factors (only rank 0 has any)."""
     def run(numbers):
         for factors in (False, True):
-            model = base_model(extra=True)
+            make = (lambda: wide(extra=True)) if factors else (lambda: base_model(extra=True))
+            model = make()
             ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002, find_unused_parameters=True,
                                           sufficient_factors=factors)
-            if factors:  # the first step reduces densely and picks the layers; the next one uses factors
-                train_ddp(ddp, model, 1, rank, world)
+            if factors:  # the first step reduces densely and picks the layers (by rank 0's rows, so rank 0
+                x, y = batch(0, world)  # uses only0 here too); the next one uses factors
+                F.mse_loss(ddp(mine(x, rank), 0, use_only0=rank == 0), mine(y, rank)).backward()
                 model.zero_grad()
             x, y = batch(1, world)  # odd step: ``side`` unused everywhere too
             F.mse_loss(ddp(mine(x, rank), 1, use_only0=rank == 0), mine(y, rank)).backward()
             check(not factors or "only0.weight" in ddp.factored, f"factored: {ddp.factored}")
             refs = []
             for r in range(world):
-                m = base_model(extra=True)
+                m = make()
                 m.load_state_dict(model.state_dict())
                 F.mse_loss(m(mine(x, r), 1, use_only0=r == 0), mine(y, r)).backward()
                 refs.append(m)

@@ -1,7 +1,7 @@
 """DDP bucket layout: reverse registration order, a small first bucket, then buckets of the cap."""
 import torch
 
-from ringlet.torch.training.ddp import assign_buckets
+from ringlet.torch.training.buckets import assign_buckets
 
 KB = 1024
 

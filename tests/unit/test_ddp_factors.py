@@ -184,14 +184,16 @@ def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank
     p = 3
     plan = [[2, 3, 1], [2, 3, 1], [4, 1, 0], [1, 1, 1], [1, 0, 1]]  # rows per rank, step by step
     want_capacity = [3, 3, 4, 1, 1]
+    from ringlet.torch.comm import Comm
+
     calls = []  # (rank, sizes given) per allgather
-    gather = ringlet.allgather
+    gather = Comm.allgather
 
-    def counting(t, *a, **k):
+    def counting(self, t, *a, **k):
         calls.append((ringlet.rank(), k.get("sizes") is not None))
-        return gather(t, *a, **k)
+        return gather(self, t, *a, **k)
 
-    monkeypatch.setattr(factors.ringlet, "allgather", counting)
+    monkeypatch.setattr(Comm, "allgather", counting)
 
     def fn(rank):
         out = []
@@ -208,7 +210,7 @@ def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank
             if rows[rank]:
                 x = torch.randint(-3, 4, (rows[rank], 12)).float()
                 F.mse_loss(lin(x), torch.zeros(rows[rank], 5), reduction="sum").backward()
-            got = factors.gather_factors(layer, lin.weight.grad, layer.take_pairs(), None, p)
+            got = factors.gather_factors(layer, lin.weight.grad, layer.take_pairs(), Comm(), "lin")
             assert got[0] == "factors"
             avg = factors.average_from_factors(got, 5, p)
             grad = lin.weight.grad if lin.weight.grad is not None else torch.zeros(5, 12)
@@ -226,3 +228,33 @@ def test_gathers_after_the_first_send_the_last_capacity_and_regather_when_a_rank
     # Per rank: step 0 by exchanged sizes, steps 1 and 3-4 sized only, step 2 sized then again.
     for r in range(p):
         assert [sized for rank, sized in calls if rank == r] == [False, True, True, False, True, True], calls
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_the_layers_chosen_are_those_whose_factors_are_fewer_numbers_than_the_gradient(mode):
+    """sufficient_factors=True ("on") skips layers where factoring would only add a collective, as "auto"
+    does; the two differ in whether the chosen layers are then timed against the dense reduction."""
+    from ringlet.torch.training.factor_reduction import FactorLayers
+
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4), torch.nn.Linear(64, 64))
+    layers = FactorLayers(m, {id(p) for p in m.parameters()}, mode, allowed=True)
+    assert [f.name for f in layers.layers] == ["0", "1", "2"]
+    assert layers.on_trial is (mode == "auto")
+    for f in layers.layers:
+        f.rows = 4
+    layers.layers[2].rows = 0  # saw no rows in the step that decides
+    # On 3 ranks, 4 rows each: 3·4·128 = 1536 < 4096 numbers for 64 -> 64; 3·4·68 > 256 for 64 -> 4.
+    flags = layers.wanted(3)
+    assert flags == [1, 0, 0]
+    chosen = layers.choose(flags)
+    assert [f.name for f in chosen.values()] == ["0"] and [f.name for f in layers.layers] == ["0"]
+    layers.drop()
+    assert layers.chosen == {} and layers.layers == []
+
+
+def test_no_layers_when_off_or_not_allowed():
+    from ringlet.torch.training.factor_reduction import FactorLayers
+
+    m = torch.nn.Linear(64, 64)
+    assert FactorLayers(m, {id(m.weight)}, "off", allowed=True).layers == []
+    assert FactorLayers(m, {id(m.weight)}, "on", allowed=False).layers == []

@@ -102,14 +102,15 @@ class Comm:
                                         prescale_factor=prescale, check=check)
         return _from_work(work)
 
-    def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None) -> CommFuture:
-        """Every member's ``t`` concatenated along dim 0 (ragged dim 0; ``sizes`` and ``check`` as in
-        :func:`ringlet.allgather`, core path only)."""
+    def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None,
+                  algorithm: str = "ring") -> CommFuture:
+        """Every member's ``t`` concatenated along dim 0 (ragged dim 0; ``sizes``, ``check`` and
+        ``algorithm`` as in :func:`ringlet.allgather`, core path only)."""
         if self.coordinated:
             from . import mpi_ops
 
             return _from_handle(self._ctx, mpi_ops.allgather_async(t, name=name, process_set=self.process_set))
-        return _from_work(ringlet.allgather_async(t, group=self.group, sizes=sizes, check=check))
+        return _from_work(ringlet.allgather_async(t, group=self.group, algorithm=algorithm, sizes=sizes, check=check))
 
     def reduce_scatter(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
                        postscale: float = 1.0) -> CommFuture:

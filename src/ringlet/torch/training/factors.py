@@ -29,7 +29,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-import ringlet
 from ringlet.types import ReduceOp
 
 __all__ = ["FactoredLinear", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors",
@@ -149,10 +148,11 @@ def _tolerance(pairs: list) -> float:
 
 
 @torch.no_grad()
-def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, group, size: int,
+def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, comm, name: str,
                    algorithm: str = "ring"):
     """Every rank's factors for ``layer``, or the dense average if some rank's factors do not match its
-    gradient. Runs where collectives may be issued (ringlet's communication thread); ``grad``: this
+    gradient, through ``comm`` (a :class:`ringlet.torch.comm.Comm`; ops named ``name``). Runs where
+    collectives may be issued (a job on ringlet's communication thread); ``grad``: this
     rank's local accumulated gradient (None if the weight got none). Returns ``("factors", rows, spans)``
     (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``.
 
@@ -183,12 +183,12 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
             out[1 + kept:].zero_()  # padding: never read, but no stale memory on the wire
         return out
 
-    cap = layer.capacity
+    cap, size = layer.capacity, comm.size
     if cap is not None:
-        rows = ringlet.allgather(pack(cap), group=group, algorithm=algorithm, sizes=[1 + cap] * size, check=False)
+        rows = comm.allgather(pack(cap), name, sizes=[1 + cap] * size, check=False, algorithm=algorithm).wait()
         starts = [r * (1 + cap) for r in range(size)]
     if cap is None or max(int(rows[s, 1]) for s in starts) > cap:
-        rows = ringlet.allgather(pack(k), group=group, algorithm=algorithm)
+        rows = comm.allgather(pack(k), name, algorithm=algorithm).wait()
         starts = [0]
         for _ in range(size - 1):
             starts.append(starts[-1] + 1 + int(rows[starts[-1], 1]))
@@ -197,7 +197,7 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     spans = [(s + 1, c) for s, c in zip(starts, counts)]
     if not all(bool(rows[s, 0] == 1.0) for s in starts):
         dense = grad.clone() if grad is not None else torch.zeros_like(w)
-        ringlet.allreduce_(dense, op=ReduceOp.AVG, group=group)
+        comm.allreduce_(dense, ReduceOp.AVG, f"{name}.dense").wait()
         return "dense", dense
     return "factors", rows, spans
 

@@ -1,0 +1,139 @@
+"""How one bucket of :class:`~ringlet.torch.training.ddp.DistributedDataParallel` is reduced: the
+:class:`Reduction` interface, chosen per bucket, and :class:`DenseReduction`, the all-reduce (op AVG) of
+the bucket's flat buffer. The other strategy, averaging a weight from gathered sufficient factors, is
+:class:`~ringlet.torch.training.factor_reduction.FactorReduction`.
+
+Per reduced backward the DDP calls, for each bucket: :meth:`Reduction.prepare` at the forward,
+:meth:`Reduction.accept` once per parameter as its gradient is ready (``None``: it gets none),
+:meth:`Reduction.launch` when every parameter was accepted (buckets launch in index order on every
+rank), :meth:`Reduction.finish` with what the launched work returned, and :meth:`Reduction.deliver`
+to write the average into ``.grad`` (under ``torch.no_grad``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from ringlet.types import ReduceOp
+
+from .buckets import is_view_of
+
+if TYPE_CHECKING:
+    from ..comm import Comm, CommFuture
+    from .buckets import Bucket
+
+__all__ = ["Reduction", "ReductionContext", "StepMarks", "DenseReduction"]
+
+
+@dataclass(slots=True)
+class ReductionContext:
+    """What the reductions of one DDP share: where collectives go and under which name prefix, how
+    averages reach ``.grad``, and counters (for tests and reports)."""
+
+    comm: Comm
+    prefix: str
+    gradient_as_bucket_view: bool
+    lend_gradients: bool = True   # False: copy averages into .grad instead of lending bucket memory
+    gather_algorithm: str = "ring"  # all-gather algorithm of the sufficient factors
+    fresh_buffers: int = 0        # buckets replaced because their memory was still held
+    factored: int = 0             # weight averages computed from factors
+    fallbacks: int = 0            # ... and all-reduced densely because a rank's factors did not match
+
+
+@dataclass(slots=True)
+class StepMarks:
+    """The backward being reduced, per flat index of the active bucket set: in the bucket already
+    (``ready``), a real gradient and not zeros for an unused parameter (``got_grad``), ``.grad`` was None
+    at the forward (``fresh``); ``usage``: ranks with a real gradient (``find_unused_parameters`` only)."""
+
+    ready: list[bool]
+    got_grad: list[bool]
+    fresh: list[bool]
+    usage: list[int] | None = None
+
+    def used(self, k: int) -> bool:
+        """Whether some rank produced a gradient for flat index ``k``."""
+        return self.got_grad[k] or (self.usage is not None and self.usage[k] != 0)
+
+
+class Reduction(Protocol):
+    """One bucket's reduction strategy (see the module doc for the call order)."""
+
+    factored: bool  # the bucket's weight is averaged from sufficient factors
+
+    def new_buffer(self, params: list[torch.nn.Parameter], numel: int) -> torch.Tensor:
+        """The bucket's flat buffer for ``params`` (``numel`` elements together)."""
+
+    def prepare(self, b: Bucket) -> None:
+        """Before a reduced backward: forget the last one's state."""
+
+    def accept(self, b: Bucket, j: int, grad: torch.Tensor | None) -> None:
+        """Parameter ``j``'s local gradient of this backward (None: it got none)."""
+
+    def launch(self, b: Bucket, timed: bool) -> CommFuture:
+        """Start the reduction with algorithm ``b.algo``; ``timed``: record its span for the timeline."""
+
+    def finish(self, b: Bucket, result: Any) -> None:
+        """The launched work's result, after waiting for it."""
+
+    def deliver(self, b: Bucket, marks: StepMarks) -> None:
+        """Write the average into the parameters' ``.grad``."""
+
+
+class DenseReduction:
+    """All-reduce (AVG) of the bucket's flat buffer. Gradients are copied into the buffer unless autograd
+    accumulated straight into it (``.grad`` is the view the bucket lent); averages reach ``.grad`` as
+    views of the buffer where allowed (see the DDP's module doc), else as copies."""
+
+    factored = False
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: ReductionContext):
+        self.ctx = ctx
+
+    def new_buffer(self, params: list[torch.nn.Parameter], numel: int) -> torch.Tensor:
+        return torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
+
+    def prepare(self, b: Bucket) -> None:
+        ctx = self.ctx
+        if not ctx.gradient_as_bucket_view and ctx.lend_gradients and b.reclaim():
+            ctx.fresh_buffers += 1
+
+    def accept(self, b: Bucket, j: int, grad: torch.Tensor | None) -> None:
+        p, slot = b.params[j], b.slot(j)
+        if grad is None:
+            if p.grad is not None and is_view_of(p.grad, slot):
+                p.grad = p.grad.clone()  # an unused parameter keeps its gradient, apart from the bucket
+            slot.zero_()
+        else:
+            if grad.is_sparse:
+                raise ValueError("DistributedDataParallel does not reduce sparse gradients.")
+            if not is_view_of(grad, slot):  # autograd accumulated straight into the bucket otherwise
+                slot.copy_(grad.reshape(-1))
+
+    def launch(self, b: Bucket, timed: bool) -> CommFuture:
+        ctx = self.ctx
+        return ctx.comm.allreduce_(b.buffer, ReduceOp.AVG, f"{ctx.prefix}.bucket{b.index}", timed=timed,
+                                   check=None if b.algo not in b.validated else False, algorithm=b.algo)
+
+    def finish(self, b: Bucket, result: Any) -> None:
+        pass  # the average is in the buffer
+
+    def deliver(self, b: Bucket, marks: StepMarks) -> None:
+        as_view = self.ctx.gradient_as_bucket_view
+        for j, p in enumerate(b.params):
+            k = b.start + j
+            avg = b.slot(j).view_as(p)
+            if not marks.used(k):
+                continue  # no rank used it: leave .grad as it was, like torch
+            if p.grad is not None and is_view_of(p.grad, avg):
+                continue  # autograd accumulated into the bucket: the average is in place
+            if as_view or (self.ctx.lend_gradients and marks.fresh[k] and p.is_contiguous()):
+                p.grad = avg
+                b.lent = True
+            elif p.grad is None:
+                p.grad = avg.clone()
+            else:
+                p.grad.copy_(avg)

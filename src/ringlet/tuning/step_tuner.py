@@ -1,0 +1,120 @@
+"""Choosing a training front end's reduction while it trains, by timing its steps.
+
+:class:`TrialPlan` says which candidates go on trial: the configured all-reduce algorithm, with
+``"direct"`` beside ``"auto"`` on 3-8 ranks, and each of those ``+factors`` where some layers may be
+reduced from sufficient factors. :class:`StepTuner` times the steps (the wall time from one step's
+start to the next, counted only for steps that reduced something), hands the candidates out in turn
+(:class:`~ringlet.tuning.online.OnlineChoice`: five trial steps each, up to twenty while the medians are
+too close to call, a challenger must be faster by more than 3%), and when a decision is due sums the
+per-candidate statistics over the ranks with the caller's collective, so every rank decides the same.
+
+Framework-free: the caller gives the collective (``sum_across_ranks``) and applies the choice.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .online import Decision, OnlineChoice
+
+__all__ = ["TrialPlan", "StepTuner", "FACTORS"]
+
+FACTORS = "+factors"  # suffix of the candidates that reduce the chosen layers from factors
+
+
+def _same(algorithm: str) -> str:
+    return algorithm
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPlan:
+    """What may go on trial. ``algorithm``: the configured all-reduce algorithm; ``size``: ranks in the
+    group; ``timing``: steps may be timed at all (tuning on, and the algorithm not picked by a
+    coordinator); ``factors``: layers may be reduced from factors if that is faster; ``resolve``: what an
+    algorithm name means where it runs (``"auto"`` unless an environment variable forces one)."""
+
+    algorithm: str
+    size: int
+    timing: bool
+    factors: bool
+    resolve: Callable[[str], str] = _same
+
+    def candidates(self) -> tuple[str, ...]:
+        """The candidates, the static choice first. ``direct`` sends p(p-1) messages per step, so it is
+        tried on small groups only; an explicit or forced algorithm is the user's choice."""
+        base: tuple[str, ...] = (self.algorithm,)
+        if (self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto"
+                and 3 <= self.size <= 8):
+            base = ("auto", "direct")
+        if self.timing and self.factors:
+            base += (base[0] + FACTORS,)
+        return base
+
+
+class StepTuner:
+    """Step timing and the choice between ``candidates`` (see the module doc).
+
+    Per step: :meth:`step_started` at its start, :meth:`mark_reduced` when it launches a reduction;
+    :attr:`algorithm` and :meth:`wants_factors` say what the step uses. ``sum_across_ranks`` must sum a
+    list of floats over every rank of the group (all ranks call it at the same step); ``clock``: seconds.
+    """
+
+    __slots__ = ("choice", "_sum", "_clock", "_t_step", "_reduced")
+
+    def __init__(self, candidates: tuple[str, ...], sum_across_ranks: Callable[[list[float]], list[float]],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.choice = OnlineChoice(candidates, trials=5, margin=0.03, max_trials=20)
+        self._sum = sum_across_ranks
+        self._clock = clock
+        self._t_step: float | None = None  # clock at the start of the current step
+        self._reduced = False
+
+    def step_started(self) -> Decision | None:
+        """A step starts: time the previous one (if it reduced); returns the decision when one was
+        made now (every rank at the same step), else None."""
+        now = self._clock()
+        decision = None
+        if self._t_step is not None and self._reduced:
+            self.choice.record(now - self._t_step)
+            if self.choice.ready:
+                # Summed over ranks so that every rank picks from the same numbers (a rank choosing
+                # differently would run a different schedule than its peers).
+                decision = self.choice.decide(self._sum(self.choice.stats()))
+        self._t_step = now
+        self._reduced = False
+        return decision
+
+    def mark_reduced(self) -> None:
+        """The current step launched a reduction (only such steps are timed)."""
+        self._reduced = True
+
+    @property
+    def algorithm(self) -> str:
+        """The all-reduce algorithm of the candidate in use."""
+        return self.choice.current().split("+")[0]
+
+    @property
+    def factors_on_trial(self) -> bool:
+        return any(c.endswith(FACTORS) for c in self.choice.candidates)
+
+    def wants_factors(self) -> bool:
+        """Whether the current step reduces the chosen layers from factors: the candidate on trial while
+        factors are compared with the dense reduction, afterwards the choice; always without a comparison."""
+        return self.choice.current().endswith(FACTORS) if self.factors_on_trial else True
+
+    def drop_factors(self) -> None:
+        """No layer turned out worth factoring: withdraw the ``+factors`` candidates (before any trial)."""
+        for c in self.choice.candidates:
+            if c.endswith(FACTORS):
+                self.choice.remove(c)
+
+    @staticmethod
+    def rejects_factors(decision: Decision) -> bool:
+        """Whether ``decision`` put factors on trial and chose the dense reduction."""
+        return any(c.endswith(FACTORS) for c in decision.times) and not decision.choice.endswith(FACTORS)
+
+    @staticmethod
+    def per_rank_ms(decision: Decision, size: int) -> dict[str, float]:
+        """The decision's rank-summed median step times as per-rank milliseconds (for reports)."""
+        return {k: round(v / size * 1000, 2) for k, v in decision.times.items()}
