@@ -6,6 +6,9 @@ fusion (two init sessions: default threshold and ``HOROVOD_FUSION_THRESHOLD=0``)
 errors; the gradients of every differentiable collective; broadcast_parameters,
 broadcast_optimizer_state, broadcast_object, allgather_object; SyncBatchNorm against BatchNorm on the
 concatenated batch. This test launches it and fails with every failing case of every rank.
+
+A second job per world size runs the same worker on the join cases only (``hvd_cases_join``: join()
+followed by every collective kind, each rank joining first in turn, with cached, fresh and unnamed ops).
 """
 from __future__ import annotations
 
@@ -18,12 +21,12 @@ from mp_jobs import job_report, load_rank_files, run_job, worker
 JOB_TIMEOUT = 300  # seconds; a healthy job takes well under a minute here
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world", [2, 3])
-def test_hvd_training_equivalence(world, tmp_path):
+def run_cases(world: int, tmp_path, modules: list[str]) -> list[dict]:
+    """Run the worker on ``world`` ranks (with only ``modules``' cases when given); fail with every
+    failing case of every rank; return the ranks' summaries."""
     out = tmp_path / "hvd.json"
     job = run_job(["-np", str(world), "--transport", "torch", "--", sys.executable,
-                   worker("hvd_training_worker.py"), str(out)],
+                   worker("hvd_training_worker.py"), str(out), *modules],
                   timeout=JOB_TIMEOUT, env={"RINGLET_TIMEOUT": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
     ranks = load_rank_files(out, world)
     missing = [r for r, s in enumerate(ranks) if s is None]
@@ -31,6 +34,22 @@ def test_hvd_training_equivalence(world, tmp_path):
     lines = [f"rank {s['rank']}: {f['case']}: {f['error']}\n{f['trace']}" for s in ranks for f in s["failed"]]
     assert not lines, f"{len(lines)} failing cases over {world} ranks:\n" + "\n".join(lines[:12])
     assert job.returncode == 0, job_report(job)
+    return ranks
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3])
+def test_hvd_training_equivalence(world, tmp_path):
+    ranks = run_cases(world, tmp_path, [])
     passed = ranks[0]["passed"]
     assert any(p.startswith("fusion_off/") for p in passed) and any(p.startswith("fusion_default/") for p in passed)
     print(f"torch x {world}: {len(passed)} cases passed on every rank; sections {ranks[0]['sections']}")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3])
+def test_hvd_join_then_every_collective(world, tmp_path):
+    import hvd_cases_join
+
+    ranks = run_cases(world, tmp_path, ["hvd_cases_join"])
+    assert len(ranks[0]["passed"]) == len(hvd_cases_join.CASES), ranks[0]["passed"]
