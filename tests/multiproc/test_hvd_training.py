@@ -7,11 +7,14 @@ errors; the gradients of every differentiable collective; broadcast_parameters,
 broadcast_optimizer_state, broadcast_object, allgather_object; SyncBatchNorm against BatchNorm on the
 concatenated batch. This test launches it and fails with every failing case of every rank.
 
-A second job per world size runs the same worker on the join cases only (``hvd_cases_join``: join()
-followed by every collective kind, each rank joining first in turn, with cached, fresh and unnamed ops).
+Further jobs run the same worker on one case module each: ``hvd_cases_join`` (join() followed by every
+collective kind, each rank joining first in turn, with cached, fresh and unnamed ops) and
+``hvd_cases_optim`` (broadcast_optimizer_state for every torch.optim class, SparseAdam with
+sparse_as_dense, the step()-after-synchronize() warning).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -48,8 +51,8 @@ def test_hvd_training_equivalence(world, tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [2, 3])
-def test_hvd_join_then_every_collective(world, tmp_path):
-    import hvd_cases_join
-
-    ranks = run_cases(world, tmp_path, ["hvd_cases_join"])
-    assert len(ranks[0]["passed"]) == len(hvd_cases_join.CASES), ranks[0]["passed"]
+@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim"])
+def test_hvd_case_module(module, world, tmp_path):
+    cases = importlib.import_module(module).CASES
+    ranks = run_cases(world, tmp_path, [module])
+    assert len(ranks[0]["passed"]) == len(cases), ranks[0]["passed"]
