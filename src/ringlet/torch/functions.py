@@ -151,28 +151,34 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
                          f"{len(optimizer.param_groups)}.")
     for group, options in zip(optimizer.param_groups, layout["options"]):
         group.update(options)
-    handles = []
-    for i, (p, desc) in enumerate(zip(params, layout["state"])):
-        if desc is None:
-            optimizer.state.pop(p, None)
-            continue
-        old, state = optimizer.state.get(p, {}), {}
-        for key, kind, value in desc:
-            if kind == "tensor":
-                shape, dtype = value
-                t = old.get(key)
-                if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
-                    t = torch.zeros(shape, dtype=dtype, device=p.device)
-                state[key] = t
-                handles.append(mpi_ops.broadcast_async_(t, root_rank, name=f"optimizer_state.{i}.{key}",
-                                                        process_set=process_set))
-            elif kind == "scalar_tensor":
-                state[key] = value.clone()
-            else:
-                state[key] = value
-        optimizer.state[p] = state
+    handles = [h for i, (p, desc) in enumerate(zip(params, layout["state"]))
+               for h in _receive_state(optimizer, i, p, desc, root_rank, process_set)]
     for h in handles:
         mpi_ops.synchronize(h)
+
+
+def _receive_state(optimizer, i: int, p, desc, root_rank, process_set) -> list[int]:
+    """Replace parameter ``p``'s state by the root's keys (``desc``; None: no state) and start the
+    broadcasts of its tensors into it; returns their handles."""
+    if desc is None:
+        optimizer.state.pop(p, None)
+        return []
+    old, state, handles = optimizer.state.get(p, {}), {}, []
+    for key, kind, value in desc:
+        if kind == "tensor":
+            shape, dtype = value
+            t = old.get(key)
+            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
+                t = torch.zeros(shape, dtype=dtype, device=p.device)
+            state[key] = t
+            handles.append(mpi_ops.broadcast_async_(t, root_rank, name=f"optimizer_state.{i}.{key}",
+                                                    process_set=process_set))
+        elif kind == "scalar_tensor":
+            state[key] = value.clone()
+        else:
+            state[key] = value
+    optimizer.state[p] = state
+    return handles
 
 
 def _describe_state(state: dict) -> list:
