@@ -1,7 +1,8 @@
 """join() cases of the Horovod-API job (see ``hvd_training_worker.py``).
 
-For every rank in turn: that rank joins first, the others run an all-reduce (the joined rank contributes
-zeros) and join after it; join() must return a rank other than the first one everywhere. Then every
+For every rank in turn: that rank joins first, each other rank j runs j + 1 all-reduces (the joined ranks
+contribute zeros) and joins after them; join() must return the last rank to join (the largest one
+other than the first) everywhere. Then every
 rank runs one collective of each kind (allreduce, allgather, broadcast, alltoall, reducescatter,
 allgather_object), which must give the ordinary full-membership result. Each combination runs with
 three kinds of names:
@@ -78,21 +79,22 @@ def _join_case(kind: str, mode: str, first: int):
         if first >= n:
             return
         key = f"{kind}.{mode}.{first}"
-        names = {"cached": (f"jc.{kind}", "jc.pre"), "fresh": (f"jf.{key}", f"jf.pre.{key}"),
-                 "noname": (None, None)}
-        name, pre = names[mode]
-        if mode == "cached":  # both names go through the response cache with every rank present
-            mpi_ops.allreduce(torch.ones(2), op=hvd.Sum, name=pre)
+        name = {"cached": f"jc.{kind}", "fresh": f"jf.{key}", "noname": None}[mode]
+        pre = [{"cached": f"jc.pre{i}", "fresh": f"jf.pre{i}.{key}", "noname": None}[mode] for i in range(n)]
+        # Rank j != first runs j + 1 all-reduces before joining: the later ones run with more ranks joined,
+        # and the largest rank other than `first` is the last to join.
+        ops = [0 if j == first else j + 1 for j in range(n)]
+        if mode == "cached":  # every name goes through the response cache with every rank present
+            for i in range(n):
+                mpi_ops.allreduce(torch.ones(2), op=hvd.Sum, name=pre[i])
             run_kind(kind, name, f"warm.{key}")
-        if r == first:
-            last = hvd.join()
-        else:
-            got = mpi_ops.allreduce(torch.full((2,), float(r + 1)), op=hvd.Sum, name=pre)
-            same(got, torch.full((2,), float(sum(j + 1 for j in range(n) if j != first))),
-                 "allreduce with the first rank joined (it contributes zeros)")
-            last = hvd.join()
-        if n > 1 and (last == first or not 0 <= last < n):
-            raise AssertionError(f"join() returned {last}; rank {first} joined first")
+        for i in range(ops[r]):
+            got = mpi_ops.allreduce(torch.full((2,), float(r + 1)), op=hvd.Sum, name=pre[i])
+            same(got, torch.full((2,), float(sum(j + 1 for j in range(n) if ops[j] > i))),
+                 f"allreduce {i} with ranks {[j for j in range(n) if ops[j] <= i]} joined (they contribute zeros)")
+        last = hvd.join()
+        if n > 1 and last != max(j for j in range(n) if j != first):
+            raise AssertionError(f"join() returned {last}; rank {first} joined first, the largest other rank last")
         run_kind(kind, name, key)
 
     return fn
