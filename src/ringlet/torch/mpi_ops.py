@@ -388,7 +388,7 @@ def _control(kind: str, args: Sequence[int], name: str | None = None, ps_id: int
     codes = {"barrier": rq.BARRIER, "add_process_set": rq.ADD_PS,
              "remove_process_set": rq.REMOVE_PS}
     ctx = context()
-    # Horovod numbers barrier and join like ops; process set changes are not ops there.
+    # Horovod numbers barrier like ops (join too: see join()); process set changes are not ops there.
     h = ctx.handles.allocate(1, internal=kind in ("add_process_set", "remove_process_set"))
     meta = Meta(name or kind, codes[kind], ps_id, splits=tuple(int(a) for a in args))
     return synchronize(_submit([Request(meta, None, None, h, 0)], h))
