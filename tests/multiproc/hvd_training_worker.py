@@ -1,6 +1,6 @@
 """One rank of the Horovod-API training job, run inside a real job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/hvd_training_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/multiproc/hvd_training_worker.py OUT.json [MODULE ...]
 
 Every rank runs the same cases in the same order (from ``hvd_cases_training`` and ``hvd_cases_ops``) and
 rewrites ``OUT.json.rank<r>`` after each case, so a job killed by its timeout still shows how far each
@@ -8,9 +8,13 @@ rank got. Training cases run twice, in two init/shutdown sessions of the same pr
 default fusion threshold and with ``HOROVOD_FUSION_THRESHOLD=0``; the other cases run once.
 Inputs are integer-valued (or multiples of 1/4) and derived from seeds, so every rank can compute the
 single-process reference for the whole job by itself.
+
+With MODULE arguments (sibling case modules such as ``hvd_cases_join``), only those modules' ``CASES``
+run, in one session with the default fusion threshold.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -25,7 +29,7 @@ import hvd_cases_training  # noqa: E402
 FUSION_SESSIONS = (("fusion_default", None), ("fusion_off", "0"))
 
 
-def main(out: str) -> int:
+def main(out: str, modules: list[str]) -> int:
     summary = {"rank": None, "size": None, "passed": [], "failed": [], "sections": {}}
     path = None
 
@@ -35,7 +39,8 @@ def main(out: str) -> int:
                 json.dump(summary, f, indent=1)
             os.replace(path + ".tmp", path)
 
-    for session, threshold in FUSION_SESSIONS:
+    sessions = FUSION_SESSIONS[:1] if modules else FUSION_SESSIONS
+    for session, threshold in sessions:
         if threshold is None:
             os.environ.pop("HOROVOD_FUSION_THRESHOLD", None)
         else:
@@ -43,10 +48,13 @@ def main(out: str) -> int:
         hvd.init()
         summary["rank"], summary["size"] = hvd.rank(), hvd.size()
         path = f"{out}.rank{hvd.rank()}"
-        cases = list(hvd_cases_training.CASES)
-        if session == "fusion_default":
-            cases += hvd_cases_ops.CASES
-        cases += hvd_cases_training.LAST
+        if modules:
+            cases = [c for m in modules for c in importlib.import_module(m).CASES]
+        else:
+            cases = list(hvd_cases_training.CASES)
+            if session == "fusion_default":
+                cases += hvd_cases_ops.CASES
+            cases += hvd_cases_training.LAST
         t0 = time.monotonic()
         for name, fn in cases:
             label = f"{session}/{name}"
@@ -64,4 +72,4 @@ def main(out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -6,9 +6,15 @@ fusion (two init sessions: default threshold and ``HOROVOD_FUSION_THRESHOLD=0``)
 errors; the gradients of every differentiable collective; broadcast_parameters,
 broadcast_optimizer_state, broadcast_object, allgather_object; SyncBatchNorm against BatchNorm on the
 concatenated batch. This test launches it and fails with every failing case of every rank.
+
+Further jobs run the same worker on one case module each: ``hvd_cases_join`` (join() followed by every
+collective kind, each rank joining first in turn, with cached, fresh and unnamed ops) and
+``hvd_cases_optim`` (broadcast_optimizer_state for every torch.optim class, SparseAdam with
+sparse_as_dense, the step()-after-synchronize() warning).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -18,12 +24,12 @@ from mp_jobs import job_report, load_rank_files, run_job, worker
 JOB_TIMEOUT = 300  # seconds; a healthy job takes well under a minute here
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("world", [2, 3])
-def test_hvd_training_equivalence(world, tmp_path):
+def run_cases(world: int, tmp_path, modules: list[str]) -> list[dict]:
+    """Run the worker on ``world`` ranks (with only ``modules``' cases when given); fail with every
+    failing case of every rank; return the ranks' summaries."""
     out = tmp_path / "hvd.json"
     job = run_job(["-np", str(world), "--transport", "torch", "--", sys.executable,
-                   worker("hvd_training_worker.py"), str(out)],
+                   worker("hvd_training_worker.py"), str(out), *modules],
                   timeout=JOB_TIMEOUT, env={"RINGLET_TIMEOUT": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "20"})
     ranks = load_rank_files(out, world)
     missing = [r for r, s in enumerate(ranks) if s is None]
@@ -31,6 +37,22 @@ def test_hvd_training_equivalence(world, tmp_path):
     lines = [f"rank {s['rank']}: {f['case']}: {f['error']}\n{f['trace']}" for s in ranks for f in s["failed"]]
     assert not lines, f"{len(lines)} failing cases over {world} ranks:\n" + "\n".join(lines[:12])
     assert job.returncode == 0, job_report(job)
+    return ranks
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3])
+def test_hvd_training_equivalence(world, tmp_path):
+    ranks = run_cases(world, tmp_path, [])
     passed = ranks[0]["passed"]
     assert any(p.startswith("fusion_off/") for p in passed) and any(p.startswith("fusion_default/") for p in passed)
     print(f"torch x {world}: {len(passed)} cases passed on every rank; sections {ranks[0]['sections']}")
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim"])
+def test_hvd_case_module(module, world, tmp_path):
+    cases = importlib.import_module(module).CASES
+    ranks = run_cases(world, tmp_path, [module])
+    assert len(ranks[0]["passed"]) == len(cases), ranks[0]["passed"]

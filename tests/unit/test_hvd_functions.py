@@ -35,12 +35,25 @@ def test_broadcast_optimizer_state_refuses_lbfgs(hvd1):
         hvd.broadcast_optimizer_state(torch.optim.LBFGS([p]), root_rank=0)
 
 
-def test_broadcast_optimizer_state_initialises_empty_state_without_moving_parameters(hvd1):
+@pytest.mark.parametrize("cls, kw", [(torch.optim.Adam, {"weight_decay": 0.0}), (torch.optim.AdamW, {}),
+                                     (torch.optim.SGD, {"momentum": 0.9, "weight_decay": 0.1})])
+def test_broadcast_optimizer_state_initialises_empty_state_without_moving_parameters(hvd1, cls, kw):
     p = nn.Parameter(torch.arange(3.0))
-    opt = torch.optim.Adam([p], lr=0.1, weight_decay=0.0)
+    frozen = nn.Parameter(torch.ones(2), requires_grad=False)
+    opt = cls([p, frozen], lr=0.1, **kw)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    assert set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq"}
-    assert torch.equal(p.detach(), torch.arange(3.0)) and p.grad is None
+    assert len(opt.state[p]) > 0 and frozen not in opt.state
+    assert torch.equal(p.detach(), torch.arange(3.0))
+    assert torch.equal(p.grad, torch.zeros(3)) and frozen.grad is None  # Horovod leaves zero gradients
+
+
+def test_broadcast_optimizer_state_initialises_sparse_adam(hvd1):
+    emb = nn.Embedding(4, 2, sparse=True)
+    before = emb.weight.detach().clone()
+    opt = torch.optim.SparseAdam(emb.parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert set(opt.state[emb.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert torch.equal(emb.weight.detach(), before) and emb.weight.grad.is_sparse
 
 
 def test_objects_on_one_rank(hvd1):

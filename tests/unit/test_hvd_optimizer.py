@@ -137,7 +137,9 @@ def test_step_after_synchronize_warns_once_and_skip_synchronize_does_not(hvd1):
         for _ in range(3):
             opt.synchronize()
             opt.step()
-    assert len([w for w in caught if "skip_synchronize" in str(w.message)]) == 1
+    # Horovod's wording, which scripts and tests match on.
+    assert len([w for w in caught if "optimizer.step() called without optimizer.skip_synchronize()"
+                in str(w.message)]) == 1
 
 
 def test_misuse_during_training_raises_assertion_error_and_training_recovers():

@@ -217,6 +217,21 @@ def test_join_contributes_zeros_and_returns_last_rank():
         assert torch.equal(res[r][2], torch.full((4,), 3.0))
 
 
+@pytest.mark.parametrize("first", [0, 1])
+def test_unnamed_ops_match_again_after_join(first):
+    """The joined rank skips the others' unnamed all-reduces (its noname counter falls behind); after join()
+    every rank resumes numbering at the same place, so unnamed ops and allgather_object match."""
+    def body(r):
+        if r != first:
+            for _ in range(3):
+                mpi_ops.allreduce(torch.ones(2))
+        hvd.join()
+        return hvd.allgather_object(r), mpi_ops.allreduce(torch.full((2,), float(r)), op=hvd.Sum)
+
+    for objs, total in hvd_world(2, body):
+        assert objs == [0, 1] and torch.equal(total, torch.ones(2))
+
+
 def test_process_sets_and_barrier_of_a_subset():
     def body(r):
         even = hvd.add_process_set(hvd.ProcessSet([0, 2]))

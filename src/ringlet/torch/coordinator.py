@@ -315,7 +315,9 @@ class Coordinator:
     def _run_other(self, key, e: _Entry, meta: Meta, req: Request | None) -> None:
         kind = meta.kind
         if kind == JOIN:
-            self._finish(key, list(e.metas)[-1])
+            # (last rank to join, the largest handle counter announced: every rank resumes numbering there)
+            counter = max((m.splits[0] for m in e.metas.values() if m.splits), default=0)
+            self._finish(key, (list(e.metas)[-1], counter))
             return
         if kind == ADD_PS:
             self._finish(key, self.ctx.process_sets._register(tuple(meta.splits)))

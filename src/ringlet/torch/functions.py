@@ -91,34 +91,45 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return out
 
 
+def _zero_grad_like(p: torch.Tensor, sparse: bool) -> torch.Tensor:
+    z = torch.zeros_like(p, memory_format=torch.contiguous_format)
+    return z.to_sparse(1) if sparse and p.dim() > 0 else z
+
+
 def _initialise_state(optimizer) -> None:
-    """Give an optimizer with empty state its state tensors: one step of the base class with zero
-    gradients (parameters' existing gradients are put back afterwards)."""
-    saved = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad and p not in optimizer.state:
-                saved[p] = p.grad
-                p.grad = torch.zeros_like(p)
+    """Give an optimizer with empty state its state: every parameter that requires grad gets a zero
+    gradient (sparse for ``SparseAdam``) and one step of the base class runs. The parameters are then put
+    back to their values before the step (weight decay and similar terms move them even with zero
+    gradients); the zero gradients stay, as in Horovod."""
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = _zero_grad_like(p, sparse)
     # A DistributedOptimizer's own step() would start collectives; its base class's step only updates.
     step = getattr(type(optimizer), "_ringlet_base_step", None)
     if step is not None:
         step(optimizer)
     else:
         optimizer.step()
-    for p, g in saved.items():
-        p.grad = g
+    with torch.no_grad():
+        for p, value in zip(params, saved):
+            p.copy_(value)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Make every rank's optimizer state (per-parameter state and every param group's options) equal to
     global rank ``root_rank``'s.
 
-    An optimizer whose state is still empty is first initialised by one step of its base class with
-    zero gradients, so that it has the tensors to receive into. Tensor state travels by in-place
-    broadcasts; options and scalar state (learning rate, step counts, ...) travel as one object.
-    ``torch.optim.LBFGS`` keeps state that cannot be rebuilt this way: ``ValueError``. ``model`` is
-    accepted for compatibility and not needed.
+    An optimizer whose state is still empty (on any rank, the root included) is first initialised as in
+    Horovod: each parameter that requires grad gets a zero ``.grad`` (left in place afterwards; sparse
+    for ``SparseAdam``; parameters that do not require grad keep theirs) and one step of the base class
+    runs; parameters keep their values. Afterwards each parameter's state holds exactly the root's keys:
+    tensor state travels by in-place broadcasts, options and scalar state (learning rate, step counts,
+    ...) as one object. ``torch.optim.LBFGS`` keeps state that cannot be rebuilt this way: ``ValueError``.
+    Ranks with different numbers of parameters or groups: ``ValueError``. ``model`` is accepted for
+    compatibility and not needed.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -131,7 +142,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     if _global_rank() == root_rank:
         layout = {
             "options": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
-            "state": [_describe_state(optimizer.state.get(p, {})) for p in params],
+            "state": [_describe_state(optimizer.state[p]) if p in optimizer.state else None for p in params],
         }
     layout = broadcast_object(layout, root_rank, name="optimizer_state.layout", process_set=process_set)
     if len(layout["state"]) != len(params) or len(layout["options"]) != len(optimizer.param_groups):
@@ -140,30 +151,41 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
                          f"{len(optimizer.param_groups)}.")
     for group, options in zip(optimizer.param_groups, layout["options"]):
         group.update(options)
-    handles = []
-    for i, (p, desc) in enumerate(zip(params, layout["state"])):
-        state = optimizer.state[p]
-        for key, kind, value in desc:
-            if kind == "tensor":
-                shape, dtype = value
-                t = state.get(key)
-                if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
-                    t = state[key] = torch.zeros(shape, dtype=dtype, device=p.device)
-                handles.append(mpi_ops.broadcast_async_(t, root_rank, name=f"optimizer_state.{i}.{key}",
-                                                        process_set=process_set))
-            elif kind == "scalar_tensor":
-                state[key] = value.clone()
-            else:
-                state[key] = value
+    handles = [h for i, (p, desc) in enumerate(zip(params, layout["state"]))
+               for h in _receive_state(optimizer, i, p, desc, root_rank, process_set)]
     for h in handles:
         mpi_ops.synchronize(h)
+
+
+def _receive_state(optimizer, i: int, p, desc, root_rank, process_set) -> list[int]:
+    """Replace parameter ``p``'s state by the root's keys (``desc``; None: no state) and start the
+    broadcasts of its tensors into it; returns their handles."""
+    if desc is None:
+        optimizer.state.pop(p, None)
+        return []
+    old, state, handles = optimizer.state.get(p, {}), {}, []
+    for key, kind, value in desc:
+        if kind == "tensor":
+            shape, dtype = value
+            t = old.get(key)
+            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
+                t = torch.zeros(shape, dtype=dtype, device=p.device)
+            state[key] = t
+            handles.append(mpi_ops.broadcast_async_(t, root_rank, name=f"optimizer_state.{i}.{key}",
+                                                    process_set=process_set))
+        elif kind == "scalar_tensor":
+            state[key] = value.clone()
+        else:
+            state[key] = value
+    optimizer.state[p] = state
+    return handles
 
 
 def _describe_state(state: dict) -> list:
     out = []
     for key in sorted(state, key=str):
         v = state[key]
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and not v.is_sparse and v.dtype in mpi_ops._MOVE_DTYPES:
             out.append((key, "tensor", (v.shape, v.dtype)))
         elif isinstance(v, torch.Tensor):
             out.append((key, "scalar_tensor", v.detach().clone()))

@@ -51,6 +51,16 @@ class HandleTable:
             self._states[h] = st
             return h
 
+    def peek(self) -> int:
+        """The number the next (non-internal) handle will get."""
+        with self._lock:
+            return self._next
+
+    def advance_to(self, n: int) -> None:
+        """Make the next handle at least ``n`` (never moves the counter back)."""
+        with self._lock:
+            self._next = max(self._next, int(n))
+
     def complete(self, handle: int, part: int, result: Any = None, error: BaseException | None = None) -> None:
         """Record one part's outcome; the handle is done when every part is."""
         with self._lock:

@@ -378,10 +378,10 @@ def synchronize(handle: int):
 
 
 def _control(kind: str, args: Sequence[int], name: str | None = None, ps_id: int = 0):
-    codes = {"join": rq.JOIN, "barrier": rq.BARRIER, "add_process_set": rq.ADD_PS,
+    codes = {"barrier": rq.BARRIER, "add_process_set": rq.ADD_PS,
              "remove_process_set": rq.REMOVE_PS}
     ctx = context()
-    # Horovod numbers barrier and join like ops; process set changes are not ops there.
+    # Horovod numbers barrier like ops (join too: see join()); process set changes are not ops there.
     h = ctx.handles.allocate(1, internal=kind in ("add_process_set", "remove_process_set"))
     meta = Meta(name or kind, codes[kind], ps_id, splits=tuple(int(a) for a in args))
     return synchronize(_submit([Request(meta, None, None, h, 0)], h))
@@ -390,8 +390,20 @@ def _control(kind: str, args: Sequence[int], name: str | None = None, ps_id: int
 def join(device: int = -1) -> int:
     """Announce that this rank has no more data; until every rank joined, take part in the others'
     all-reduces with zeros (Average still divides by the full set size). Returns the last rank to join.
-    Other collectives fail while a rank has joined."""
-    return int(_control("join", []))
+    Other collectives fail while a rank has joined (``HorovodInternalError`` on the ranks that submitted
+    them).
+
+    A joined rank submits none of the ops the others run meanwhile, so its handle counter (which numbers
+    ``noname`` ops) falls behind theirs. Every rank announces its counter with the join and, once all
+    have joined, moves it to the largest one: after ``join()`` returns everywhere, unnamed ops match
+    again, and the ranks are ordinary members.
+    """
+    ctx = context()
+    h = ctx.handles.allocate(1)
+    meta = Meta("join", rq.JOIN, 0, splits=(ctx.handles.peek(),))
+    last, counter = synchronize(_submit([Request(meta, None, None, h, 0)], h))
+    ctx.handles.advance_to(counter)
+    return int(last)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

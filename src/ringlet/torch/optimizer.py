@@ -20,10 +20,9 @@ from .basics import size as _world_size
 from .compression import Compression
 from .process_sets import global_process_set
 
-_STEP_AFTER_SYNC = ("optimizer.step() was called after optimizer.synchronize() outside an "
-                    "optimizer.skip_synchronize() context: the gradients are reduced a second time, which "
-                    "is wasted work. Wrap step() in `with optimizer.skip_synchronize():` after an explicit "
-                    "synchronize().")
+_STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): the gradients are reduced a second time, which is wasted work. "
+                    "Wrap step() in `with optimizer.skip_synchronize():` after an explicit synchronize().")
 _ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                       "optimizer.synchronize(): gradient reductions are still in flight. Call step() (or "
                       "synchronize()) first.")
@@ -54,6 +53,7 @@ class _DistributedOptimizer:
         self._group_of: dict = {}
         self._group_ready: list[set] = []
         self._groups: list[list] = []
+        self._sparse_dim: dict = {}  # param -> sparse_dim of its gradient, reduced as dense (sparse_as_dense)
         if process_set.included() and _world_size() > 1:
             self._register_hooks()
         self._groups = _make_groups(groups, self._requires_update)
@@ -108,8 +108,24 @@ class _DistributedOptimizer:
         if p.grad is None:
             p.grad = torch.zeros_like(p)  # a parameter this rank did not use still takes part
         elif p.grad.is_sparse and self.sparse_as_dense:
+            self._sparse_dim[p] = p.grad.sparse_dim()
             p.grad = p.grad.to_dense()
         return p.grad
+
+    def _resparsify(self) -> None:
+        """sparse_as_dense: give parameters whose gradient arrived sparse (every parameter, for an optimizer
+        that only takes sparse gradients) a sparse gradient again: the rows of the reduced gradient that
+        are not all zero."""
+        if not self.sparse_as_dense:
+            return
+        if isinstance(self, torch.optim.SparseAdam):
+            for p in self._requires_update:
+                if p.grad is not None and p.grad.dim() > 0 and not p.grad.is_sparse and p not in self._sparse_dim:
+                    self._sparse_dim[p] = 1
+        for p, sparse_dim in self._sparse_dim.items():
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse(sparse_dim)
+        self._sparse_dim.clear()
 
     def _reduce_async(self, p):
         grad = self._dense_grad(p)
@@ -172,7 +188,9 @@ class _DistributedOptimizer:
                 result = self._compression.decompress(out, ctx)
                 if result is not p.grad:
                     p.grad.copy_(result)
+            self._resparsify()
         finally:
+            self._sparse_dim.clear()
             self._handles.clear()
             for p in self._requires_update:
                 self._allreduce_delay[p] = self.backward_passes_per_step
@@ -298,7 +316,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``Sum``; ``gradient_predivide_factor`` splits the averaging into a division before and after the
     sum (``Average`` only). ``groups``: an int (that many grouped all-reduces) or a list of lists of
     parameters; ``num_groups`` is its deprecated name. ``sparse_as_dense`` reduces sparse gradients as
-    dense tensors; otherwise they are all-gathered. Hooks are only installed when the job has more
+    dense tensors and turns the result back into a sparse gradient (its rows that are not all zero) before
+    the step, so optimizers that take only sparse gradients (``SparseAdam``) work; otherwise sparse
+    gradients are all-gathered. Hooks are only installed when the job has more
     than one rank.
     """
     if op == mpi_ops.Adasum:
