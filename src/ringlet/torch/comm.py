@@ -89,17 +89,18 @@ class Comm:
 
     # ---- single collectives ------------------------------------------------------------------------
     def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0, timed: bool = False,
-                   check: bool | None = None, algorithm: str | None = None) -> CommFuture:
+                   check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0) -> CommFuture:
         """In-place all-reduce of ``t``; the future's value is ``t``. ``check`` and ``algorithm``
         (default: the one given at construction) apply to the core path (see :func:`ringlet.allreduce`).
         ``timed`` is accepted for callers that ask; the core path always records :meth:`CommFuture.span`."""
         if self.coordinated:
             from . import mpi_ops
 
-            return _from_handle(self._ctx, mpi_ops.allreduce_async_(t, name=name, op=int(op), prescale_factor=prescale,
-                                                                    process_set=self.process_set))
+            return _from_handle(self._ctx, mpi_ops.allreduce_async_(
+                t, name=name, op=int(op), prescale_factor=prescale, postscale_factor=postscale,
+                process_set=self.process_set))
         work = ringlet.allreduce_async_(t, op=op, algorithm=algorithm or self.algorithm, group=self.group,
-                                        prescale_factor=prescale, check=check)
+                                        prescale_factor=prescale, postscale_factor=postscale, check=check)
         return _from_work(work)
 
     def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None,

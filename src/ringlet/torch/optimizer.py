@@ -14,9 +14,11 @@ import warnings
 import torch
 
 from ringlet import timeline
+from ringlet.types import ReduceOp
 
 from . import mpi_ops
 from .basics import size as _world_size
+from .comm import Comm
 from .compression import Compression
 from .process_sets import global_process_set
 
@@ -54,7 +56,9 @@ class _DistributedOptimizer:
         self._group_ready: list[set] = []
         self._groups: list[list] = []
         self._sparse_dim: dict = {}  # param -> sparse_dim of its gradient, reduced as dense (sparse_as_dense)
+        self._comm: Comm | None = None  # dense per-parameter reductions go through the training seam
         if process_set.included() and _world_size() > 1:
+            self._comm = Comm(process_set)
             self._register_hooks()
         self._groups = _make_groups(groups, self._requires_update)
         for gi, members in enumerate(self._groups):
@@ -134,9 +138,7 @@ class _DistributedOptimizer:
             return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op, process_set=self.process_set), "sparse"
         wire, ctx = self._compression.compress(grad)
         pre, post = self._scale()
-        handle = mpi_ops.allreduce_async_(wire, name=name, op=self.op, prescale_factor=pre, postscale_factor=post,
-                                          process_set=self.process_set)
-        return handle, ctx
+        return self._comm.allreduce_(wire, ReduceOp(self.op), name, prescale=pre, postscale=post), ctx
 
     def _launch_group(self, gi: int) -> None:
         members = self._groups[gi]
@@ -184,7 +186,7 @@ class _DistributedOptimizer:
                         group_results[gi] = mpi_ops.synchronize(h)
                     out = group_results[gi][i]
                 else:
-                    out = mpi_ops.synchronize(handle)
+                    out = handle.wait()
                 result = self._compression.decompress(out, ctx)
                 if result is not p.grad:
                     p.grad.copy_(result)

@@ -16,13 +16,16 @@ order, and when a bucket's memory may be written again:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from ..comm import CommFuture
-    from .reduction import Reduction
+
+# A bucket's reduction strategy: any object with the interface of ringlet.torch.training.reduction's
+# Reduction protocol (named here only as a type alias, so that this module does not import that one).
+Reduction = Any
 
 __all__ = ["Bucket", "BucketSet", "BucketSets", "ArrivalOrder", "assign_buckets", "layout_buckets", "is_view_of",
            "tensors_sharing"]
