@@ -116,7 +116,7 @@ class Comm:
 
 
 def _torch_context():
-    from .basics import _ctx_or_none
+    from .context import current as _ctx_or_none
 
     return _ctx_or_none()
 
