@@ -7,9 +7,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from ringlet.cli._shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
+from ringlet.launch.shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
 from ringlet.cli.main import main
-from ringlet.cli.run import MALLOC_ENV, RunConfig, _fit_hosts, _worker_env, allocator_env, is_local_host, root_cause
+from ringlet.launch.config import RunConfig
+from ringlet.launch.env import MALLOC_ENV, allocator_env, worker_env
+from ringlet.launch.hosts import fit_hosts, is_local_host
+from ringlet.launch.status import root_cause
 
 
 def test_parse_hosts():
@@ -54,8 +57,8 @@ def test_derive_layout_torchrun_and_mpi_env():
 
 
 def test_fit_hosts_and_local_names():
-    assert _fit_hosts((("a", 4), ("b", 4)), 6) == (("a", 4), ("b", 2))
-    assert _fit_hosts((("a", 4),), None) == (("a", 4),)
+    assert fit_hosts((("a", 4), ("b", 4)), 6) == (("a", 4), ("b", 2))
+    assert fit_hosts((("a", 4),), None) == (("a", 4),)
     assert is_local_host("localhost") and is_local_host("127.0.0.2")
 
 
@@ -92,7 +95,7 @@ def test_allocator_env_fixed_unless_the_user_chose(monkeypatch):
     for k in list(os.environ):
         if k.startswith(("MALLOC_", "RINGLET_MALLOC")) or k in ("LD_PRELOAD", "GLIBC_TUNABLES"):
             monkeypatch.delenv(k)
-    env = _worker_env(RunConfig(("true",)), None)
+    env = worker_env(RunConfig(("true",)), None)
     assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")
-    assert not set(MALLOC_ENV) & set(_worker_env(RunConfig(("true",)), None))
+    assert not set(MALLOC_ENV) & set(worker_env(RunConfig(("true",)), None))
