@@ -49,13 +49,14 @@ def _init_torch_group() -> None:
     global _owns_dist
     import torch.distributed as dist
 
+    from ringlet.elastic import rendezvous
     from ringlet.transport import detect
     from ringlet.transport.torchdist import init_default_group
     from ringlet.types import Options
 
     if detect() != "torch" or not dist.is_available() or dist.is_initialized():
         return
-    init_default_group(Options.from_env().timeout)
+    init_default_group(Options.from_env().timeout, rendezvous.group_join())
     _owns_dist = True
 
 
