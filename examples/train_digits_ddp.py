@@ -22,7 +22,7 @@ from torch.utils.data.distributed import DistributedSampler
 import ringlet
 import ringlet.torch
 
-from digits_data import digits  # examples/digits_data.py, beside this script
+from digits_data import configuration, digits  # examples/digits_data.py, beside this script
 
 
 def main():
@@ -41,6 +41,8 @@ def main():
         ringlet.init()
         rank, world, all_reduce = ringlet.rank(), ringlet.size(), ringlet.allreduce_
         DDP = ringlet.torch.DistributedDataParallel
+    if rank == 0:
+        print(f"configuration: {configuration()}", flush=True)
     torch.set_num_threads(1)  # ranks share this machine's cores
     torch.manual_seed(0)
 
