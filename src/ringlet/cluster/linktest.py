@@ -148,6 +148,14 @@ def _run_flows(flows, servers, clients, seconds: float, max_bytes: int, timeout:
     return [r for r in results if r is not None]
 
 
+def parse_flows(flows) -> list[tuple[str, str]]:
+    """``["h0:h1", "h2:h0"]`` → ``[("h0", "h1"), ("h2", "h0")]``; ``ClusterError`` for anything else."""
+    pairs = [tuple(f.split(":", 1)) for f in flows]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise ClusterError("Flows are SRC:DST host pairs, e.g. h0:h1.")
+    return pairs
+
+
 def measure(state: ClusterState, pairs: list[tuple[str, str]], seconds: float = 2.0,
             max_bytes: int = 2 << 30, timeout: float = 10.0) -> list[FlowResult]:
     """Run one TCP flow per ``(src, dst)`` host pair at the same time for ``seconds`` (or ``max_bytes``
