@@ -126,7 +126,7 @@ def analyze(path: str, rank: int | None = None, skip: int = 1) -> Report:
 
     ``rank``: whose events to use in a trace with several (default: the lowest rank with step marks,
     else the lowest rank; ``ValueError`` when that rank has no events).
-    else the lowest rank). A trace without step marks is one step spanning all its events.
+    A trace without step marks is one step spanning all its events.
     """
     events = read_events(path)
     pids = sorted({e["pid"] for e in events if "pid" in e and e.get("ph") in ("X", "i", "I")})
