@@ -158,7 +158,7 @@ def _run_with_progress(spec: SweepSpec, show: bool) -> list:
     total = sum(len(implementations_for(c, spec.implementations)) for c in spec.collectives) * len(spec.sizes)
     task = bar.add_task("sweep", total=total)
     try:
-        return run_sweep(spec, progress=lambda done, _total, label: bar.update(task, completed=done, description=label))
+        return run_sweep(spec, progress=lambda done, _n, label: bar.update(task, completed=done, description=label))
     finally:
         bar.stop()
 

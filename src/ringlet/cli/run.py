@@ -19,7 +19,8 @@ from ..launch import TRANSPORTS, LaunchError, run
 
 _TRANSPORT_HELP = ("How ranks talk: shm (shared memory, one host), torch (Gloo; NCCL for CUDA tensors), mpi "
                    "(mpiexec + mpi4py). Default: shm on a single host without GPUs, else torch (also for "
-                   "--elastic); scripts that use torch.distributed directly find its default group either way.")
+                   "--elastic). With shm or torch, ringlet.init() also sets up torch.distributed's default "
+                   "(Gloo) group for scripts that use it directly.")
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
