@@ -134,8 +134,10 @@ class SweepOptions:
 def build_spec(o: SweepOptions) -> SweepSpec:
     """The sweep of ``o``: ringlet's algorithms (``all``: every registered one but ``native``) and the
     compared implementations, over the sizes from ``min_bytes`` to ``max_bytes``."""
-    algos = ringlet.algorithms.allreduce_names() if o.algorithms == "all" else [a.strip() for a in o.algorithms.split(",")]
-    algos = [a for a in algos if a != "native"]
+    if o.algorithms == "all":
+        algos = [a for a in ringlet.algorithms.allreduce_names() if a != "native"]
+    else:
+        algos = [a.strip() for a in o.algorithms.split(",") if a.strip() != "native"]
     return SweepSpec(
         sizes=_sizes(parse_size(o.min_bytes), parse_size(o.max_bytes), o.factor),
         collectives=tuple(c.strip() for c in o.collectives.split(",")),
