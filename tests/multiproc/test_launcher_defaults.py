@@ -1,6 +1,7 @@
 """What ``ringlet run`` gives a job by default, with real processes: on one host the shm transport with
 torch.distributed's default group beside it, and a store that listens on loopback only; a job over
-several host entries on this machine (torch transport) keeps its store on loopback too."""
+several host entries on this machine (torch transport) and an ``--elastic`` job (the driver's store) keep
+their store on loopback too."""
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,9 @@ def _check_store(rec: dict, job) -> None:
 
 
 @pytest.mark.parametrize("where, transport", [(["-np", "2"], "shm"),
-                                              (["--hosts", "localhost:1,127.0.0.1:1"], "torch")],
-                         ids=["one-host", "two-entries"])
+                                              (["--hosts", "localhost:1,127.0.0.1:1"], "torch"),
+                                              (["--elastic", "-np", "2"], "torch")],
+                         ids=["one-host", "two-entries", "elastic"])
 def test_default_transport_and_loopback_store(where, transport, tmp_path):
     require_transport(transport)
     out = tmp_path / "probe"
