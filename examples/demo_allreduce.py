@@ -13,10 +13,23 @@ from ringlet.benchmarking import busbw, fmt_size, integer_data, iterations_for, 
 SIZES = [64 << 10, 1 << 20, 16 << 20]
 
 
+def available(name: str) -> bool:
+    """False for ``native`` on a transport without a backend all-reduce (shm): every rank raises the same
+    ValueError there, after the ranks agreed on the call."""
+    if name != "native":
+        return True
+    try:
+        ringlet.allreduce(torch.zeros(1), algorithm=name)
+        return True
+    except ValueError:
+        return False
+
+
 def main() -> None:
     ringlet.init()
     p, me = ringlet.size(), ringlet.rank()
-    names = ringlet.algorithms.allreduce_names()
+    names = [n for n in ringlet.algorithms.allreduce_names() if available(n)]
+    skipped = [n for n in ringlet.algorithms.allreduce_names() if n not in names]
     results: dict[str, list[float]] = {}
     wrong = 0
     for name in names:
@@ -40,6 +53,8 @@ def main() -> None:
         print(f"{'algorithm':<18}" + "".join(f"{fmt_size(s):>12}" for s in SIZES))
         for name, row in results.items():
             print(f"{name:<18}" + "".join(f"{v:>12.3f}" for v in row))
+        if skipped:
+            print(f"not available on the {transport} transport: {', '.join(skipped)}")
         print("correctness: " + ("all results exact" if wrong == 0 else f"{wrong} WRONG ELEMENTS"))
     ringlet.shutdown()
     if wrong:

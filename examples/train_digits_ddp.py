@@ -22,25 +22,33 @@ from torch.utils.data.distributed import DistributedSampler
 import ringlet
 import ringlet.torch
 
-from digits_data import digits  # examples/digits_data.py, beside this script
+from digits_data import configuration, digits  # examples/digits_data.py, beside this script
 
 
-def main():
+def setup(stock: bool):
+    """(rank, world size, in-place sum all-reduce, DDP class) of torch.distributed or of ringlet."""
+    if stock:  # env:// variables come from `ringlet run` (or torchrun)
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size(), dist.all_reduce, torch.nn.parallel.DistributedDataParallel
+    ringlet.init()
+    return ringlet.rank(), ringlet.size(), ringlet.allreduce_, ringlet.torch.DistributedDataParallel
+
+
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the number of ranks")
     parser.add_argument("--stock", action="store_true", help="torch.nn.parallel.DistributedDataParallel on Gloo")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    if args.stock:  # env:// variables come from `ringlet run` (or torchrun)
-        dist.init_process_group("gloo")
-        rank, world, all_reduce = dist.get_rank(), dist.get_world_size(), dist.all_reduce
-        DDP = torch.nn.parallel.DistributedDataParallel
-    else:
-        ringlet.init()
-        rank, world, all_reduce = ringlet.rank(), ringlet.size(), ringlet.allreduce_
-        DDP = ringlet.torch.DistributedDataParallel
+
+def main():
+    args = parse_args()
+
+    rank, world, all_reduce, DDP = setup(args.stock)
+    if rank == 0:
+        print(f"configuration: {configuration()}", flush=True)
     torch.set_num_threads(1)  # ranks share this machine's cores
     torch.manual_seed(0)
 

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ringlet.torch as hvd
 
-from digits_data import digits  # examples/digits_data.py, beside this script
+from digits_data import configuration, digits  # examples/digits_data.py, beside this script
 
 
 def main():
@@ -27,6 +27,8 @@ def main():
     args = parser.parse_args()
 
     hvd.init()
+    if hvd.rank() == 0:
+        print(f"configuration: {configuration()}", flush=True)
     torch.set_num_threads(1)  # ranks share this machine's cores
     torch.manual_seed(0)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 
 from . import algorithms
+from .elastic import rendezvous as _elastic
 from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                           allreduce_async_, alltoall, alltoall_async, barrier, barrier_async, broadcast,
                           broadcast_, broadcast_async, broadcast_async_, reduce, reduce_, reduce_async,
@@ -32,14 +33,25 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     ``transport``: a name (``"torch"``, ``"mpi"``, ``"shm"``), a ready :class:`~ringlet.transport.Transport`,
     or ``None`` to follow the launcher (``RINGLET_TRANSPORT``, torchrun's env, mpiexec's env; a lone
     process gets a world of one).
+
+    Over the shm transport in a job started with torchrun's env:// variables (``ringlet run`` on one
+    host), torch.distributed's default Gloo group is created too, as the torch transport does, so that
+    scripts that also call torch.distributed (torch's DDP, its comm hooks) find it; :func:`shutdown`
+    destroys it. A default group that already exists is left alone.
     """
     global _atexit_registered
     from . import collectives
-    from .transport import Transport, create
+    from .transport import Transport, create, detect
 
     if collectives._runtime is not None:
         return collectives._runtime
-    tr = transport if isinstance(transport, Transport) else create(transport)
+    if isinstance(transport, Transport):
+        tr = transport
+    else:
+        name = (transport or detect()).strip().lower()
+        if name == "shm":
+            _torch_group_beside((options or Options.from_env()).timeout)
+        tr = create(name, join=_elastic.group_join())
     rt = Runtime(tr, options)
     collectives._set_runtime(rt)
     from . import timeline
@@ -51,14 +63,39 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     return rt
 
 
+_owns_torch_group = False  # init created torch's default group beside the shm transport
+
+
+def _torch_group_beside(timeout: float) -> None:
+    global _owns_torch_group
+    import os
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        return
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return
+    from .transport.torchdist import init_default_group
+
+    init_default_group(timeout)
+    _owns_torch_group = True
+
+
 def shutdown() -> None:
     """Finish queued collectives, close the transport and forget the runtime; ``init`` may follow."""
+    global _owns_torch_group
     from . import collectives
 
     rt = collectives._runtime
     if rt is not None:
         collectives._set_runtime(None)
         rt.close()
+    if _owns_torch_group:
+        from .transport.torchdist import destroy_default_group
+
+        _owns_torch_group = False
+        destroy_default_group()
 
 
 def is_initialized() -> bool:

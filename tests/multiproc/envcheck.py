@@ -25,7 +25,7 @@ def env_checks(r: int, p: int) -> list[str]:
     if env.get("RINGLET_TRANSPORT") != rt.transport.name:
         problems.append(f"RINGLET_TRANSPORT={env.get('RINGLET_TRANSPORT')!r} but the transport is {rt.transport.name}")
     # ringlet run fixes glibc's malloc thresholds unless the job chose its own allocator settings.
-    from ringlet.cli.run import MALLOC_ENV, allocator_env
+    from ringlet.launch.env import MALLOC_ENV, allocator_env
 
     if allocator_env({k: v for k, v in env.items() if k not in MALLOC_ENV}):
         for k, want in MALLOC_ENV.items():

@@ -89,7 +89,8 @@ def require_transport(name: str) -> None:
     if name == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
             pytest.skip("mpi4py is not installed (pip install 'ringlet[mpi]')")
-        from ringlet.cli.run import LaunchError, find_mpiexec
+        from ringlet.launch import LaunchError
+        from ringlet.launch.mpi import find_mpiexec
 
         try:
             find_mpiexec()

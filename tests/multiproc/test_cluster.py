@@ -236,6 +236,25 @@ def test_bench_across_emulated_hosts(clean_machine, tmp_path, transport):
           + ", ".join(f"{r['impl']} {r['oop_busbw']:.3f}" for r in data["rows"] if r["size"] == 262144))
 
 
+def test_link_flows_over_loopback():
+    """The flow machinery of ``linktest.measure`` without namespaces: one flow through 127.0.0.1 moves
+    bytes and reports who sent them (no rate asserted)."""
+    import socket
+    from types import SimpleNamespace
+
+    from ringlet.cluster import linktest
+
+    srv = linktest._listener("127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", srv.getsockname()[1]), 5)
+    try:
+        flows = [(SimpleNamespace(name="a"), SimpleNamespace(name="b"))]
+        (res,) = linktest._run_flows(flows, [srv], [client], 0.2, 4 * linktest.CHUNK, 10.0)
+    finally:
+        client.close()
+        srv.close()
+    assert (res.src, res.dst) == ("a", "b") and res.nbytes > 0
+
+
 @pytest.mark.multiproc
 @needs_root
 def test_links_are_capped_both_ways(clean_machine):

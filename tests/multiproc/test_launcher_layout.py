@@ -7,9 +7,16 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from ringlet.cli._shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
+from launcher_worker import listening_addresses
+
 from ringlet.cli.main import main
-from ringlet.cli.run import MALLOC_ENV, RunConfig, _fit_hosts, _worker_env, allocator_env, is_local_host, root_cause
+from ringlet.launch import default_transport
+from ringlet.launch.config import LaunchError, RunConfig
+from ringlet.launch.env import MALLOC_ENV, allocator_env, worker_env
+from ringlet.launch.hosts import fit_hosts, is_local_host, store_bind_address
+from ringlet.launch.shim import derive_layout, layout_env, layout_from_hosts, parse_hosts
+from ringlet.launch.store import serve_store
+from ringlet.launch.status import root_cause
 
 
 def test_parse_hosts():
@@ -54,8 +61,8 @@ def test_derive_layout_torchrun_and_mpi_env():
 
 
 def test_fit_hosts_and_local_names():
-    assert _fit_hosts((("a", 4), ("b", 4)), 6) == (("a", 4), ("b", 2))
-    assert _fit_hosts((("a", 4),), None) == (("a", 4),)
+    assert fit_hosts((("a", 4), ("b", 4)), 6) == (("a", 4), ("b", 2))
+    assert fit_hosts((("a", 4),), None) == (("a", 4),)
     assert is_local_host("localhost") and is_local_host("127.0.0.2")
 
 
@@ -92,7 +99,32 @@ def test_allocator_env_fixed_unless_the_user_chose(monkeypatch):
     for k in list(os.environ):
         if k.startswith(("MALLOC_", "RINGLET_MALLOC")) or k in ("LD_PRELOAD", "GLIBC_TUNABLES"):
             monkeypatch.delenv(k)
-    env = _worker_env(RunConfig(("true",)), None)
+    env = worker_env(RunConfig(("true",)), None)
     assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1")
-    assert not set(MALLOC_ENV) & set(_worker_env(RunConfig(("true",)), None))
+    assert not set(MALLOC_ENV) & set(worker_env(RunConfig(("true",)), None))
+
+
+def test_default_transport_by_job_shape(monkeypatch):
+    monkeypatch.setattr("ringlet.launch.api._cuda_devices", lambda: False)
+    assert default_transport() == "shm" and default_transport("localhost:4") == "shm"
+    assert default_transport("localhost:2,127.0.0.1:2") == "torch"  # host entries act as hosts: not one host
+    assert default_transport(elastic=True) == "torch" and default_transport(cluster=True) == "torch"
+    monkeypatch.setattr("ringlet.launch.api._cuda_devices", lambda: True)
+    assert default_transport() == "torch"
+
+
+def test_store_bind_address():
+    assert store_bind_address("127.0.0.1", (("localhost", 2), ("127.0.0.1", 2))) == "127.0.0.1"
+    assert store_bind_address("localhost", (("localhost", 1),)) == "127.0.0.1"
+    # node 0's name maps to loopback but another host must reach it: every interface
+    assert store_bind_address("localhost", (("localhost", 1), ("far-away.invalid", 1))) == ""
+    with pytest.raises(LaunchError, match="Cannot resolve"):
+        store_bind_address("no-such-host.invalid", (("no-such-host.invalid", 1),))
+
+
+def test_serve_store_listens_on_the_given_address_only():
+    store = serve_store("127.0.0.1", 0)
+    assert listening_addresses(store.port) == [f"127.0.0.1:{store.port}"]
+    store.set("k", "v")
+    assert store.get("k") == b"v"

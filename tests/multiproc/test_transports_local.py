@@ -23,7 +23,7 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> str:
 def test_torch_transport_reuses_a_user_process_group():
     out = run_python("""
         import datetime, torch, torch.distributed as dist, ringlet
-        from ringlet.cli.run import free_port
+        from ringlet.launch.hosts import free_port
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                                 timeout=datetime.timedelta(seconds=30))
         ringlet.init("torch")

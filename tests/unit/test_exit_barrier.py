@@ -1,4 +1,4 @@
-"""The launcher's exit count-out (ringlet.cli.run.exit_barrier_holding_store): node 0's agent, which hosts
+"""The launcher's exit count-out (ringlet.launch.agent.exit_barrier_holding_store): node 0's agent, which hosts
 the job's store, leaves only once every agent is out of torch's exit barrier, so none of them loses the
 store while it still reads its release. Agents here are threads over a real TCPStore."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from torch.distributed import TCPStore
 from torch.distributed.elastic.utils import store as store_util
 
-from ringlet.cli.run import exit_barrier_holding_store
+from ringlet.launch.agent import exit_barrier_holding_store
 
 
 def make_agents(n: int):

@@ -1,5 +1,7 @@
-"""Command line: ``ringlet run`` (launcher) and the subcommands other modules register in ``main.py``.
+"""Command line: thin click commands that parse arguments, call a plain function and print.
 
-Every command is a thin click wrapper over a plain function, so Python code can call
-``ringlet.cli.run.run([...], np=4)`` directly.
+``run`` → :func:`ringlet.launch.run`, ``bench`` → :mod:`ringlet.bench.job`, ``demo`` →
+:mod:`ringlet.bench.demo`, ``report`` → :mod:`ringlet.bench.overlap`, ``cluster`` → :mod:`ringlet.cluster`;
+``main.py`` registers them. Python code calls those functions directly, e.g.
+``ringlet.launch.run(["python", "train.py"], np=4)``.
 """

@@ -17,14 +17,12 @@ The logic lives in :mod:`ringlet.cluster`; these are thin wrappers.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import click
 
-from ..cluster import manager
+from ..cluster import _rsh, linktest, manager
+from ..cluster.foreground import up_and_run
 from ..cluster import state as st
 from ..cluster.state import INTRA_CHOICES, ClusterError, ClusterSpec
 
@@ -41,43 +39,6 @@ def _fail(exc: Exception) -> click.ClickException:
 def cluster_cli() -> None:
     """Emulate several equal hosts on this machine (needs root): network namespaces joined by a bridge,
     links capped with tc tbf, a CPU quota per host. Then `ringlet run --cluster -- CMD`."""
-
-
-def _run_foreground(command: tuple[str, ...]) -> int:
-    """Run ``command`` in its own process group, forwarding SIGINT/SIGTERM/SIGHUP to it once."""
-    child: subprocess.Popen | None = None
-    early: list[int] = []
-
-    def forward(signum, _frame):
-        if child is None:  # arrived while the child was being started: deliver it once it exists
-            early.append(signum)
-            return
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    # Handlers first: a Ctrl-C between the start of the child and their installation would otherwise
-    # stop only us and leave the child (in its own process group) running.
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        try:
-            child = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
-        except OSError as exc:
-            _echo(f"cannot start {command[0]!r}: {exc}")
-            return 127
-        for signum in early[:1]:
-            forward(signum, None)
-        while True:
-            try:
-                rc = child.wait()
-                break
-            except InterruptedError:
-                continue
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return rc if rc >= 0 else 128 - rc
 
 
 @cluster_cli.command("up", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -100,24 +61,16 @@ def up_cli(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, upload_on
     """Create the emulated hosts rgl-h0..rgl-h{N-1}. With `-- COMMAND`, run COMMAND (on this machine,
     e.g. `ringlet run --cluster -- ...`) and tear the cluster down when it ends or on Ctrl-C."""
     spec = ClusterSpec(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, not upload_only)
+    if command:
+        try:
+            sys.exit(up_and_run(spec, command, replace=replace, log=_echo))
+        except ClusterError as exc:
+            raise _fail(exc) from None
     try:
-        manager.up(spec, replace=replace, foreground=bool(command), log=_echo)
+        manager.up(spec, replace=replace, log=_echo)
     except ClusterError as exc:
         raise _fail(exc) from None
-    if not command:
-        _print_status(st.require())
-        return
-    rc = 1
-    try:
-        rc = _run_foreground(command)
-    finally:
-        try:
-            manager.down()
-            _echo("cluster down")
-        except ClusterError as exc:
-            _echo(str(exc))
-            rc = rc or 1
-    sys.exit(rc)
+    _print_status(st.require())
 
 
 @cluster_cli.command("down")
@@ -141,8 +94,6 @@ def exec_cli(host, command):
         st.require().host(host)
     except ClusterError as exc:
         raise _fail(exc) from None
-    from ..cluster import _rsh
-
     if command and command[0] == "--":  # after HOST, click passes a separating -- through
         command = command[1:]
     _rsh.main(["--state", str(st.STATE_PATH), "--argv", host, *command])  # replaces this process
@@ -195,15 +146,10 @@ def status_cli(as_json):
 def linktest_cli(flows, seconds, as_json):
     """Measure TCP throughput through the capped links: FLOWS are SRC:DST host pairs run at the same time
     (default h0:h1). E.g. `h1:h0 h2:h0` shows what a host receives from two senders."""
-    from ..cluster import linktest
-
     try:
         manager.check_privileges()
         state = st.require()
-        pairs = [tuple(f.split(":", 1)) for f in (flows or ("h0:h1",))]
-        if any(len(p) != 2 for p in pairs):
-            raise ClusterError("Flows are SRC:DST host pairs, e.g. h0:h1.")
-        results = linktest.measure(state, pairs, seconds)
+        results = linktest.measure(state, linktest.parse_flows(flows or ("h0:h1",)), seconds)
     except ClusterError as exc:
         raise _fail(exc) from None
     link_mb = st.parse_rate(state.spec.link) / 8 / 1e6

@@ -24,7 +24,7 @@ def rsh_command(path: Path = st.STATE_PATH) -> str:
 
 def run_options(transport: str, *, hosts=None, rsh: str = "ssh", master_addr: str | None = None,
                 path: Path = st.STATE_PATH) -> dict:
-    """``hosts``, ``rsh`` and ``master_addr`` for :func:`ringlet.cli.run.run` on the cluster that is up."""
+    """``hosts``, ``rsh`` and ``master_addr`` for :func:`ringlet.launch.run` on the cluster that is up."""
     if hosts or rsh != "ssh" or master_addr:
         raise ClusterError("--cluster chooses --hosts, --rsh and --master-addr itself; drop them "
                            "(use -np to run fewer ranks than the cluster has slots).")

@@ -86,6 +86,76 @@ class FlowResult:
         return self.nbytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
 
+def _receive(srv: socket.socket, timeout: float) -> tuple[int, float]:
+    """Accept one flow on ``srv`` and read it to its end: (bytes after the first read, seconds from the
+    first read to the last)."""
+    conn, _ = srv.accept()
+    with conn:
+        conn.settimeout(timeout)
+        buf, n, t0, t1 = bytearray(CHUNK), 0, None, None
+        while True:
+            k = conn.recv_into(buf)
+            if not k:
+                break
+            t1 = time.perf_counter()
+            if t0 is None:
+                t0 = t1
+            else:
+                n += k  # bytes after the first read: paired with the elapsed time
+    return n, (t1 - t0) if t0 else 0.0
+
+
+def _send(c: socket.socket, seconds: float, max_bytes: int) -> None:
+    """Send zeros on ``c`` for ``seconds`` or ``max_bytes``, whichever comes first, then end the flow."""
+    data, sent = memoryview(bytes(CHUNK)), 0
+    end = time.perf_counter() + seconds
+    while sent < max_bytes and time.perf_counter() < end:
+        c.sendall(data)
+        sent += CHUNK
+    c.shutdown(socket.SHUT_WR)
+
+
+def _run_flows(flows, servers, clients, seconds: float, max_bytes: int, timeout: float) -> list[FlowResult]:
+    """One receiving and one sending thread per flow, all at once; each thread's wait is bounded."""
+    results: list[FlowResult | None] = [None] * len(flows)
+    errors: list[BaseException] = []
+
+    def recv(i: int) -> None:
+        try:
+            n, sec = _receive(servers[i], timeout)
+            results[i] = FlowResult(flows[i][0].name, flows[i][1].name, n, sec)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def send(i: int) -> None:
+        try:
+            _send(clients[i], seconds, max_bytes)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    for s in servers:
+        s.settimeout(timeout)
+    threads = [threading.Thread(target=recv, args=(i,)) for i in range(len(flows))]
+    threads += [threading.Thread(target=send, args=(i,)) for i in range(len(flows))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 2 * timeout)
+    if errors:
+        raise ClusterError(f"link test failed: {errors[0]}")
+    if any(r is None for r in results):
+        raise ClusterError("link test did not finish in time")
+    return [r for r in results if r is not None]
+
+
+def parse_flows(flows) -> list[tuple[str, str]]:
+    """``["h0:h1", "h2:h0"]`` → ``[("h0", "h1"), ("h2", "h0")]``; ``ClusterError`` for anything else."""
+    pairs = [tuple(f.split(":", 1)) for f in flows]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise ClusterError("Flows are SRC:DST host pairs, e.g. h0:h1.")
+    return pairs
+
+
 def measure(state: ClusterState, pairs: list[tuple[str, str]], seconds: float = 2.0,
             max_bytes: int = 2 << 30, timeout: float = 10.0) -> list[FlowResult]:
     """Run one TCP flow per ``(src, dst)`` host pair at the same time for ``seconds`` (or ``max_bytes``
@@ -102,52 +172,7 @@ def measure(state: ClusterState, pairs: list[tuple[str, str]], seconds: float = 
         for (s, d), srv in zip(flows, servers):
             port = srv.getsockname()[1]
             clients.append(in_netns(s.netns, lambda d=d, port=port: socket.create_connection((d.addr, port), timeout)))
-        results: list[FlowResult | None] = [None] * len(flows)
-        errors: list[BaseException] = []
-
-        def recv(i: int) -> None:
-            try:
-                conn, _ = servers[i].accept()
-                with conn:
-                    conn.settimeout(timeout)
-                    buf, n, t0, t1 = bytearray(CHUNK), 0, None, None
-                    while True:
-                        k = conn.recv_into(buf)
-                        if not k:
-                            break
-                        t1 = time.perf_counter()
-                        if t0 is None:
-                            t0 = t1
-                        else:
-                            n += k  # bytes after the first read: paired with the elapsed time
-                    results[i] = FlowResult(flows[i][0].name, flows[i][1].name, n, (t1 - t0) if t0 else 0.0)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        def send(i: int) -> None:
-            c, data, sent = clients[i], memoryview(bytes(CHUNK)), 0
-            end = time.perf_counter() + seconds
-            try:
-                while sent < max_bytes and time.perf_counter() < end:
-                    c.sendall(data)
-                    sent += CHUNK
-                c.shutdown(socket.SHUT_WR)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        for s in servers:
-            s.settimeout(timeout)
-        threads = [threading.Thread(target=recv, args=(i,)) for i in range(len(flows))]
-        threads += [threading.Thread(target=send, args=(i,)) for i in range(len(flows))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(seconds + 2 * timeout)
-        if errors:
-            raise ClusterError(f"link test failed: {errors[0]}")
-        if any(r is None for r in results):
-            raise ClusterError("link test did not finish in time")
-        return [r for r in results if r is not None]
+        return _run_flows(flows, servers, clients, seconds, max_bytes, timeout)
     finally:
         for c in clients:
             c.close()

@@ -5,8 +5,9 @@
   *generation* through it instead of reading a fixed ``RANK``/``WORLD_SIZE``.
 - :mod:`.release`: tears down an obsolete generation's TCP connections (Gloo itself does not release
   operations blocked on a departed peer).
-- :mod:`.driver`: the supervisor behind ``ringlet run --elastic`` (starts workers, decides every
-  generation's membership, replaces dead workers).
+
+The supervisor behind ``ringlet run --elastic`` (starts workers, decides every generation's
+membership, replaces dead workers) is the launcher's: :mod:`ringlet.launch.elastic`.
 
 The training-side API (Horovod's ``hvd.elastic``: ``run``, ``TorchState``, ``ElasticSampler``) is
 :mod:`ringlet.torch.elastic`.

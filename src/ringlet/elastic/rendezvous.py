@@ -1,7 +1,7 @@
 """Worker side of ``ringlet run --elastic``: join the driver's current generation.
 
-``ringlet.init()`` over the torch transport calls :func:`join` (through
-:func:`ringlet.transport.torchdist.init_default_group`) when ``RINGLET_ELASTIC`` is set. A worker
+``ringlet.init()`` over the torch transport calls :func:`join` (through :func:`group_args`, which it
+hands to :func:`ringlet.transport.torchdist.init_default_group`) when ``RINGLET_ELASTIC`` is set. A worker
 only moves forward: after it has been a member of generation ``g`` (or failed to start it), its next
 join waits for a generation newer than ``g`` that includes it, and asks the driver for one
 (``req/<id>``). Before anyone builds the Gloo group, every member of the generation meets at a
@@ -79,6 +79,20 @@ def current() -> P.Assignment | None:
 def _wait_limit() -> float:
     v = os.environ.get(P.ENV_TIMEOUT)
     return float(v) if v not in (None, "") else 600.0
+
+
+def group_args():
+    """Join the next generation (:func:`join`) and return what torch's default group is built from:
+    ``(store, rank, world_size)``, the store being the driver's under ``ringlet/elastic/<generation>``."""
+    import torch.distributed as dist
+
+    a = join()
+    return dist.PrefixStore(f"ringlet/elastic/{a.generation}", store()), a.rank, a.size
+
+
+def group_join():
+    """:func:`group_args` in a worker of ``ringlet run --elastic``, else None (the env:// rendezvous)."""
+    return group_args if enabled() else None
 
 
 def _check_abort(st) -> None:
@@ -218,7 +232,7 @@ def hosts_updated() -> bool:
 
 
 def _export(a: P.Assignment) -> None:
-    from ringlet.cli._shim import Layout, layout_env
+    from ringlet.launch.shim import Layout, layout_env
 
     env = os.environ
     env.update({"RANK": str(a.rank), "WORLD_SIZE": str(a.size), "LOCAL_RANK": str(a.local_rank),

@@ -7,29 +7,22 @@ thread, because :func:`init` notices the thread's runtime and keeps the context 
 from __future__ import annotations
 
 import atexit
-import threading
 
 import ringlet
 from ringlet import collectives as _core
-from ringlet.types import RingletError
 
-
-class HorovodInternalError(RingletError):
-    """A collective failed on the ranks: cross-rank mismatch, dead peer, shutdown of a peer.
-
-    A ``RuntimeError`` subclass as in Horovod (and a :class:`ringlet.RingletError`), so both
-    ``except RuntimeError`` and ``except hvd.HorovodInternalError`` catch it.
-    """
+from . import context as _state
+from .context import context
+from .coordinator import Coordinator
+from .errors import HorovodInternalError
+from .handles import HandleTable
+from .process_sets import Registry, add_process_set
 
 
 class Context:
     """Everything one initialised rank owns; dropped as a whole by :func:`shutdown`."""
 
     def __init__(self, rt, owns_runtime: bool):
-        from .coordinator import Coordinator
-        from .handles import HandleTable
-        from .process_sets import Registry
-
         self.rt = rt
         self.owns_runtime = owns_runtime
         # The coordinator's own world group: its own tag sequence, so it can run beside core ringlet
@@ -45,9 +38,6 @@ class Context:
                                                    "were cancelled."))
 
 
-_global: Context | None = None
-_local = threading.local()
-_lock = threading.Lock()
 _atexit_registered = False
 _owns_dist = False
 
@@ -59,13 +49,14 @@ def _init_torch_group() -> None:
     global _owns_dist
     import torch.distributed as dist
 
+    from ringlet.elastic import rendezvous
     from ringlet.transport import detect
     from ringlet.transport.torchdist import init_default_group
     from ringlet.types import Options
 
     if detect() != "torch" or not dist.is_available() or dist.is_initialized():
         return
-    init_default_group(Options.from_env().timeout)
+    init_default_group(Options.from_env().timeout, rendezvous.group_join())
     _owns_dist = True
 
 
@@ -78,17 +69,7 @@ def _destroy_torch_group() -> None:
         destroy_default_group()
 
 
-def _ctx_or_none() -> Context | None:
-    ctx = getattr(_local, "ctx", None)
-    return ctx if ctx is not None else _global
-
-
-def context() -> Context:
-    """The current context; ``ValueError`` (Horovod's wording) before :func:`init`."""
-    ctx = _ctx_or_none()
-    if ctx is None:
-        raise ValueError("ringlet.torch has not been initialized; use hvd.init().")
-    return ctx
+_ctx_or_none = _state.current
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -99,19 +80,20 @@ def init(comm=None, process_sets=None) -> None:
     collectively right away, or ``"dynamic"`` (sets may be added later with ``add_process_set``;
     ringlet always allows that). Registers :func:`shutdown` at interpreter exit.
     """
-    global _global, _atexit_registered
+    global _atexit_registered
     if comm is not None and not isinstance(comm, (list, tuple)) and not hasattr(comm, "Get_rank"):
         raise ValueError("comm must be an mpi4py communicator or a list of ranks.")
-    with _lock:
+    with _state.lock:
         if _ctx_or_none() is not None:
             return
         thread_rt = getattr(_core._local, "runtime", None)
         if thread_rt is not None:
-            _local.ctx = ctx = Context(thread_rt, owns_runtime=False)
+            ctx = Context(thread_rt, owns_runtime=False)
+            _state.install(ctx, thread_local=True)
         else:
             _init_torch_group()
-            rt = ringlet.init()
-            _global = ctx = Context(rt, owns_runtime=True)
+            ctx = Context(ringlet.init(), owns_runtime=True)
+            _state.install(ctx, thread_local=False)
             if not _atexit_registered:
                 atexit.register(shutdown)
                 _atexit_registered = True
@@ -120,8 +102,6 @@ def init(comm=None, process_sets=None) -> None:
     timeline.configure_from_env(ctx.rt.rank)
     ctx.coordinator.start()
     if process_sets is not None and process_sets != "dynamic":
-        from .process_sets import add_process_set
-
         for ps in process_sets:
             add_process_set(ps)
 
@@ -131,13 +111,8 @@ def shutdown() -> None:
 
     The handle counter (and with it ``noname`` numbering) restarts after re-init, as in Horovod.
     """
-    global _global
-    with _lock:
-        ctx = getattr(_local, "ctx", None)
-        if ctx is not None:
-            _local.ctx = None
-        else:
-            ctx, _global = _global, None
+    with _state.lock:
+        ctx = _state.uninstall()
     if ctx is None:
         return
     ctx.close()

@@ -175,7 +175,7 @@ def session_key() -> tuple[int, int]:
 
 
 def _torch_context():
-    from .basics import _ctx_or_none
+    from .context import current as _ctx_or_none
 
     return _ctx_or_none()
 

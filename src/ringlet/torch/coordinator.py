@@ -28,7 +28,7 @@ import torch
 from ringlet import timeline
 from ringlet.engine.agree import exchange
 
-from .basics import HorovodInternalError
+from .errors import HorovodInternalError
 from .execute import Runner
 from .requests import (ADD_PS, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, F_SHUTDOWN, JOIN,
                        KIND_NAMES, MESSAGE_OVERHEAD, REDUCESCATTER, REMOVE_PS, Cache, Meta, Request,

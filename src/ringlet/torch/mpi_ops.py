@@ -17,7 +17,8 @@ import torch
 from ringlet.types import ReduceOp, dtype_name
 
 from . import requests as rq
-from .basics import HorovodInternalError, context
+from .context import context, control as _control, submit as _submit
+from .errors import HorovodInternalError
 from .process_sets import ProcessSet, _resolve, global_process_set
 from .requests import Meta, Request
 
@@ -74,16 +75,6 @@ def _scale(x, what: str) -> float:
 
 def _base_name(kind: str, name, handle: int) -> str:
     return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
-
-
-def _submit(reqs: list[Request], handle: int) -> int:
-    ctx = context()
-    try:
-        ctx.coordinator.submit(reqs)
-    except BaseException:
-        ctx.handles.discard(handle)
-        raise
-    return handle
 
 
 def _meta(name: str, kind: int, ps_id: int, t: torch.Tensor | None, **kw) -> Meta:
@@ -375,16 +366,6 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int):
     """Wait for ``handle`` and return its result; raise ``HorovodInternalError`` when the op failed."""
     return context().handles.wait(handle)
-
-
-def _control(kind: str, args: Sequence[int], name: str | None = None, ps_id: int = 0):
-    codes = {"barrier": rq.BARRIER, "add_process_set": rq.ADD_PS,
-             "remove_process_set": rq.REMOVE_PS}
-    ctx = context()
-    # Horovod numbers barrier like ops (join too: see join()); process set changes are not ops there.
-    h = ctx.handles.allocate(1, internal=kind in ("add_process_set", "remove_process_set"))
-    meta = Meta(name or kind, codes[kind], ps_id, splits=tuple(int(a) for a in args))
-    return synchronize(_submit([Request(meta, None, None, h, 0)], h))
 
 
 def join(device: int = -1) -> int:

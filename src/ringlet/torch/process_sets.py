@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+from .context import context, control, current
+
 
 class ProcessSet:
     """A set of global ranks. ``process_set_id`` is assigned when registered (the global set: 0)."""
@@ -22,8 +24,6 @@ class ProcessSet:
         self.process_set_id: int | None = None
 
     def _group(self):
-        from .basics import context
-
         ctx = context()
         if self.process_set_id is None:
             raise ValueError("This process set has not been registered; call hvd.add_process_set(...) on every rank.")
@@ -35,14 +35,10 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set (``ValueError`` when not a member)."""
-        from .basics import context
-
         return self._group().rank_of(context().rt.rank)
 
     def included(self) -> bool:
         """True when this process belongs to the set."""
-        from .basics import context
-
         return context().rt.rank in self._group()
 
     def __eq__(self, other) -> bool:
@@ -65,9 +61,7 @@ class _GlobalProcessSet(ProcessSet):
 
     @property
     def ranks(self):  # noqa: D401 - property mirrors the attribute of other sets
-        from .basics import _ctx_or_none
-
-        ctx = _ctx_or_none()
+        ctx = current()
         return list(range(ctx.rt.size)) if ctx is not None else None
 
     @ranks.setter
@@ -114,7 +108,6 @@ class Registry:
 
 def _resolve(process_set) -> tuple[int, object]:
     """(id, group) of a ProcessSet argument, validating that it is registered."""
-    from .basics import context
 
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}.")
@@ -130,9 +123,6 @@ def add_process_set(process_set) -> ProcessSet:
     Allowed at any time (as with ``init(process_sets="dynamic")``). A set whose ranks equal an existing
     one (even the global set) gets its own id; re-adding an already registered object raises ``ValueError``.
     """
-    from .basics import context
-    from .mpi_ops import _control
-
     ctx = context()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.ranks is None or not ps.ranks:
@@ -142,7 +132,7 @@ def add_process_set(process_set) -> ProcessSet:
     bad = [r for r in ps.ranks if not 0 <= r < ctx.rt.size]
     if bad:
         raise ValueError(f"Process set ranks {bad} are outside the world of size {ctx.rt.size}.")
-    ps.process_set_id = _control("add_process_set", list(ps.ranks))
+    ps.process_set_id = control("add_process_set", list(ps.ranks))
     return ps
 
 
@@ -151,15 +141,13 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
     Returns True when the set was removed.
     """
-    from .mpi_ops import _control
-
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}.")
     if process_set.process_set_id == 0:
         raise ValueError("The global process set cannot be removed.")
     if process_set.process_set_id is None:
         return False
-    _control("remove_process_set", [process_set.process_set_id])
+    control("remove_process_set", [process_set.process_set_id])
     process_set.process_set_id = None
     return True
 

@@ -20,8 +20,10 @@ def detect() -> str:
     return "single"
 
 
-def create(name: str | None = None) -> Transport:
-    """Instantiate the transport ``name`` (``torch``, ``mpi``, ``shm``) for this process."""
+def create(name: str | None = None, *, join=None) -> Transport:
+    """Instantiate the transport ``name`` (``torch``, ``mpi``, ``shm``) for this process. ``join``: how
+    the torch transport's default group finds its ranks instead of env:// (see
+    :func:`ringlet.transport.torchdist.init_default_group`)."""
     name = (name or detect()).strip().lower()
     if name == "single":
         from .inproc import InprocWorld
@@ -30,7 +32,7 @@ def create(name: str | None = None) -> Transport:
     if name == "torch":
         from .torchdist import TorchTransport
 
-        return TorchTransport.from_env()
+        return TorchTransport.from_env(join=join)
     if name == "mpi":
         from .mpi import MPITransport
 

@@ -88,22 +88,19 @@ class TorchHandle(Handle):
 _generation = 0  # default groups this process created and destroyed (the same count on every rank)
 
 
-def init_default_group(timeout: float) -> None:
+def init_default_group(timeout: float, join=None) -> None:
     """Create torch.distributed's default Gloo group from the env:// variables, under a store prefix
     unique to this process's init/shutdown generation.
 
     Re-initialising over the same rendezvous store would otherwise read the previous generation's
     Gloo addresses and connect to dead sockets (seen as hangs or "connection reset" after
     ``shutdown(); init()``). Every rank goes through the same generations, so the prefixes agree.
-    Under ``ringlet run --elastic`` the rank, size and generation come from the driver instead
-    (:func:`ringlet.elastic.rendezvous.join`), with the driver's store under ``ringlet/elastic/<gen>``.
+    ``join``: a callable returning ``(store, rank, world_size)`` that replaces the env:// rendezvous
+    (``ringlet run --elastic`` passes :func:`ringlet.elastic.rendezvous.group_args`).
     """
     dist = _dist()
-    from ..elastic import rendezvous
-
-    if rendezvous.enabled():  # ringlet run --elastic: ranks and store prefix come from the driver's generation
-        a = rendezvous.join()
-        store, rank, world = dist.PrefixStore(f"ringlet/elastic/{a.generation}", rendezvous.store()), a.rank, a.size
+    if join is not None:
+        store, rank, world = join()
     else:
         store, rank, world = next(dist.rendezvous("env://"))
         store = dist.PrefixStore(f"ringlet/{_generation}", store)
@@ -167,8 +164,9 @@ class TorchTransport(Transport):
             return False
 
     @classmethod
-    def from_env(cls, options: Options | None = None) -> "TorchTransport":
-        """Join the job described by torchrun's env (or the already initialised default group)."""
+    def from_env(cls, options: Options | None = None, join=None) -> "TorchTransport":
+        """Join the job described by torchrun's env (or the already initialised default group); ``join``
+        as for :func:`init_default_group`."""
         dist = _dist()
         if not dist.is_available():
             raise RuntimeError("torch.distributed is not available in this torch build.")
@@ -176,10 +174,10 @@ class TorchTransport(Transport):
         if dist.is_initialized():
             return cls(owns_group=False, timeout=opts.timeout)
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-        if missing:
+        if missing and join is None:
             raise RuntimeError("The torch transport needs the env:// variables set by torchrun or `ringlet run` "
                                f"(missing: {', '.join(missing)}). Launch with `ringlet run -np N -- ...`.")
-        init_default_group(opts.timeout)
+        init_default_group(opts.timeout, join)
         return cls(owns_group=True, timeout=opts.timeout)
 
     @classmethod

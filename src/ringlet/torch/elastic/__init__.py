@@ -15,7 +15,7 @@ A script written for Horovod elastic runs unchanged with ``import ringlet.torch 
 
 When a worker dies, the survivors' next collective fails (``HorovodInternalError``); ``run`` restores
 the last commit, re-initialises ringlet with the new membership decided by the driver
-(:mod:`ringlet.elastic.driver`), calls the reset callbacks and calls the function again (after
+(:mod:`ringlet.launch.elastic`), calls the reset callbacks and calls the function again (after
 broadcasting rank 0's state). Without ``--elastic`` the decorator only syncs the state and calls the
 function, so the same script also runs under plain ``ringlet run``.
 """

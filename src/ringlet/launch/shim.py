@@ -1,5 +1,5 @@
-"""Per-rank wrapper started by ``ringlet run``: ``python .../ringlet/cli/_shim.py -- cmd args...``
-(``python -m ringlet.cli._shim`` works too but imports torch through the package: seconds per rank).
+"""Per-rank wrapper started by ``ringlet run``: ``python .../ringlet/launch/shim.py -- cmd args...``
+(``python -m ringlet.launch.shim`` works too but imports torch through the package: seconds per rank).
 
 It derives the rank layout from the launcher's environment (torchrun/elastic: ``RANK``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``...; MPICH Hydra: ``PMI_RANK``, ``PMI_SIZE``,
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print("usage: python -m ringlet.cli._shim -- command [args...]", file=sys.stderr)
+        print("usage: python -m ringlet.launch.shim -- command [args...]", file=sys.stderr)
         return 2
     lay = derive_layout()
     env = dict(os.environ)

@@ -4,9 +4,9 @@
 
     ringlet run --elastic -np 4 --min-np 2 --restarts 2 -- python train.py
 
-It hosts a TCPStore (the rendezvous, see :mod:`.protocol`), starts every worker through the per-rank
-shim (signals, orphan protection, ``RINGLET_*``/``HOROVOD_*`` env), and decides the membership of
-each *generation*:
+It hosts a TCPStore on 127.0.0.1 (the rendezvous, see :mod:`ringlet.elastic.protocol`), starts every
+worker through the per-rank shim (signals, orphan protection, ``RINGLET_*``/``HOROVOD_*`` env), and
+decides the membership of each *generation*:
 
 - a member dies (non-zero exit): if ``--restarts`` remain, a replacement starts (it joins later, see
   below); the next generation is the surviving members in their old rank order (old rank 0 stays
@@ -28,7 +28,6 @@ then are stopped.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import socket
@@ -37,9 +36,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import click
-
-from . import protocol as P
+from ..elastic import protocol as P
+from .config import SHIM, RunConfig
+from .env import worker_env
+from .hosts import LOOPBACK
+from .status import Forwarder, exit_status
+from .store import serve_store
 
 POLL_SECONDS = 0.05
 SETTLE_SECONDS = 0.2  # after a member's request: let the exit of a peer that just died be seen first
@@ -93,7 +95,7 @@ class _Failed(Exception):
 
 
 def _say(msg: str) -> None:
-    click.echo(f"ringlet run: {msg}", err=True)
+    print(f"ringlet run: {msg}", file=sys.stderr, flush=True)
 
 
 class Driver:
@@ -117,15 +119,13 @@ class Driver:
 
     # ---- processes ------------------------------------------------------------------------------
     def _env(self, wid: str, rank: int, size: int) -> dict:
-        addr, port = "127.0.0.1", str(self.store.port)
+        addr, port = LOOPBACK, str(self.store.port)
         return {**self.base_env, P.ENV_FLAG: "1", P.ENV_ADDR: addr, P.ENV_PORT: port, P.ENV_ID: wid,
                 P.ENV_TIMEOUT: str(self.cfg.timeout), "MASTER_ADDR": addr, "MASTER_PORT": port,
                 # Provisional place (the shim exports it); init() replaces it with the generation's.
                 "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size)}
 
     def _spawn(self, rank: int, size: int) -> _Worker:
-        from ringlet.cli.run import SHIM
-
         wid = str(self._next_id)
         self._next_id += 1
         # A session of its own: only this driver forwards signals to it (no double Ctrl-C from the tty).
@@ -136,15 +136,13 @@ class Driver:
         return w
 
     def _reap(self) -> None:
-        from ringlet.cli.run import _exit_status
-
         for w in list(self.workers.values()):
             if not w.alive:
                 continue
             rc = w.proc.poll()
             if rc is None:
                 continue
-            w.status = _exit_status(rc)
+            w.status = exit_status(rc)
             if w.wid in self.newcomers:
                 self.newcomers.remove(w.wid)
             if w.wid in self.members:
@@ -267,18 +265,14 @@ class Driver:
 
     # ---- main loop ------------------------------------------------------------------------------
     def run(self) -> int:
-        import torch.distributed as dist
-
-        from ringlet.cli.run import RunConfig, _Forwarder, _worker_env
-
         self.base_env = {k: v for k, v in os.environ.items() if k != "RINGLET_RUN_HOSTS"}
-        self.base_env.update(_worker_env(RunConfig(self.cfg.command, self.cfg.np, "torch",
-                                                   extra_env=dict(self.cfg.extra_env)), None))
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=60))
+        self.base_env.update(worker_env(RunConfig(self.cfg.command, self.cfg.np, "torch",
+                                                  extra_env=dict(self.cfg.extra_env)), None))
+        # The workers are on this host: the store listens on loopback only.
+        self.store = serve_store(LOOPBACK, 0, timeout=60.0)
         initial = [self._spawn(r, self.cfg.np) for r in range(self.cfg.np)]
         self._publish([w.wid for w in initial], "start")
-        with _Forwarder(self.procs) as fwd:
+        with Forwarder(self.procs) as fwd:
             try:
                 while True:
                     if fwd.received is not None:

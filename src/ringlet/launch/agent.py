@@ -1,0 +1,153 @@
+"""torch and shm jobs: torch's elastic agent (the engine of torchrun, through its Python API) starts
+the ranks of one host; a job over several hosts runs one node launcher per host entry.
+
+Every job rendezvouses statically through :mod:`.store` (node rank = host entry index), with the store
+hosted by node 0's agent: a single-host job on 127.0.0.1 and a port the OS picks, a multi-host job on
+the first entry's address (``--master-addr``, default its name) and ``--port`` (default a free local
+port when the first entry is this machine, else 29500).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from . import store as rdzv_store
+from .config import SHIM, LaunchError, RunConfig, say
+from .env import worker_env
+from .hosts import LOOPBACK, free_port, hosts_spec, is_local_host, single_host, store_bind_address
+from .status import exit_status, report, root_cause, wait_all
+
+EXIT_ACK_KEY = "ringlet/exit_acks"
+EXIT_ACK_TIMEOUT = 30.0  # seconds node 0's agent keeps the store up for agents still leaving the barrier
+RDZV_TIMEOUT = 900  # seconds the agents of a multi-host job wait for each other
+
+
+def exit_barrier_holding_store(barrier, timeout: float | None = None):
+    """Torch's agent exit barrier followed by a count-out that keeps the job's store up until every agent
+    has left it.
+
+    Node 0's agent hosts the job's TCPStore. Torch's barrier releases all agents when the last arrives;
+    node 0's then returns, its process exits and the store goes with it, and an agent still receiving
+    its release would log "Failed to recv" with a C++ backtrace although the job succeeded. Here every
+    agent counts itself out after the barrier, and node 0's waits for all of them (``timeout``, default
+    :data:`EXIT_ACK_TIMEOUT`)."""
+    def run(agent) -> None:
+        barrier(agent)
+        store, group = agent._store, agent._worker_group
+        try:
+            left = store.add(EXIT_ACK_KEY, 1)
+            if group.group_rank != 0:
+                return
+            deadline = time.monotonic() + (EXIT_ACK_TIMEOUT if timeout is None else timeout)
+            while left < group.group_world_size and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = store.add(EXIT_ACK_KEY, 0)
+        except Exception as exc:  # noqa: BLE001 - the workers succeeded; the count-out must not fail the job
+            say(f"leaving the exit barrier: {exc}")
+
+    return run
+
+
+class HoldStore:
+    """Install :func:`exit_barrier_holding_store` on torch's elastic agent for one launch."""
+
+    def __enter__(self):
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+        self._cls, self._orig = SimpleElasticAgent, SimpleElasticAgent._exit_barrier
+        SimpleElasticAgent._exit_barrier = exit_barrier_holding_store(self._orig)
+        return self
+
+    def __exit__(self, *exc):
+        self._cls._exit_barrier = self._orig
+        return False
+
+
+def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, bind_addr: str,
+              run_id: str, env: dict) -> int:
+    """Start this host's ``nproc`` ranks under torch's elastic agent; node ``node_rank`` of ``nnodes``,
+    rendezvous at ``endpoint`` (node 0 hosts the store there, listening on ``bind_addr``)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rdzv_store.register()
+    run_dir = tempfile.mkdtemp(prefix="ringlet-run-")
+    saved = dict(os.environ)
+    os.environ.update(env)
+    os.environ["RINGLET_RUN_DIR"] = run_dir
+    config = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id, role="ringlet",
+        rdzv_endpoint=endpoint, rdzv_backend=rdzv_store.BACKEND,
+        rdzv_configs={"rank": node_rank, "timeout": RDZV_TIMEOUT, "bind_addr": bind_addr}, max_restarts=0,
+        monitor_interval=0.1, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs")),
+    )
+    try:
+        with HoldStore():
+            elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
+        return 0
+    except ChildFailedError as exc:
+        _, first = exc.get_first_failure()
+        return report(root_cause(run_dir), exit_status(first.exitcode), len(exc.failures))
+    except SignalException as exc:
+        say(f"got {exc.sigval.name}, stopped the ranks.")
+        return 128 + int(exc.sigval)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run_torch(cfg: RunConfig) -> int:
+    """A torch or shm job: this host's ranks, or one node launcher per host entry."""
+    hosts = cfg.hosts
+    if cfg.node_rank is not None:  # one host of a multi-host job
+        if hosts is None or not cfg.rdzv_endpoint or not cfg.run_id:
+            raise LaunchError("--node-rank needs --hosts, --rdzv-endpoint and --run-id.")
+        if not 0 <= cfg.node_rank < len(hosts):
+            raise LaunchError(f"--node-rank {cfg.node_rank} is outside the {len(hosts)} hosts.")
+        addr = cfg.rdzv_endpoint.rpartition(":")[0]
+        bind = store_bind_address(addr, hosts) if cfg.node_rank == 0 else addr
+        return run_agent(cfg, hosts[cfg.node_rank][1], len(hosts), cfg.node_rank, cfg.rdzv_endpoint, bind,
+                         cfg.run_id, worker_env(cfg, hosts))
+    if single_host(hosts):
+        np = cfg.np if hosts is None else hosts[0][1]
+        return run_agent(cfg, np, 1, 0, f"{LOOPBACK}:0", LOOPBACK, uuid.uuid4().hex, worker_env(cfg, hosts))
+    return run_multi_host(cfg, hosts)
+
+
+def run_multi_host(cfg: RunConfig, hosts) -> int:
+    """One node launcher per host entry; the first entry hosts the rendezvous store."""
+    first_local = is_local_host(hosts[0][0])
+    all_local = all(is_local_host(h) for h, _ in hosts)
+    addr = cfg.master_addr or (LOOPBACK if all_local else hosts[0][0])
+    port = cfg.port or (free_port(LOOPBACK if all_local else "") if first_local else 29500)
+    endpoint = f"{addr}:{port}"
+    run_id = uuid.uuid4().hex
+    # Horovod scripts are tuned with HOROVOD_* (cycle time, fusion threshold, timeline): those travel too;
+    # the per-rank layout names among them are set again by each rank's shim.
+    fwd_env = {k: v for k, v in os.environ.items() if k.startswith(("RINGLET_", "HOROVOD_"))}
+    fwd_env.update(cfg.extra_env)
+    fwd_env["RINGLET_TRANSPORT"] = cfg.transport
+    procs = []
+    for i, (host, _) in enumerate(hosts):
+        argv = [sys.executable, "-m", "ringlet.cli.main", "run", "--transport", cfg.transport,
+                "--hosts", hosts_spec(hosts), "--node-rank", str(i), "--rdzv-endpoint", endpoint,
+                "--run-id", run_id, "--", *cfg.command]
+        if is_local_host(host):
+            procs.append(subprocess.Popen(argv, env={**os.environ, **fwd_env}))
+        else:
+            # exec: the remote shell becomes the launcher, so stopping the rsh client stops it (with ssh,
+            # only if the connection drop reaches it: use --rsh "ssh -tt" for a hangup on disconnect).
+            remote = (f"cd {shlex.quote(os.getcwd())} && exec env "
+                      + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(fwd_env.items()))
+                      + " " + shlex.join(argv))
+            procs.append(subprocess.Popen(shlex.split(cfg.rsh) + [host, remote]))
+    return wait_all(procs)

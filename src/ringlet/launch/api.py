@@ -1,0 +1,90 @@
+"""``ringlet run`` as a Python function: check the options, pick the transport, start the job."""
+from __future__ import annotations
+
+from ..cluster import ClusterError, run_options
+from .agent import run_torch
+from .config import TRANSPORTS, LaunchError, RunConfig
+from .elastic import ElasticConfig, run_elastic
+from .hosts import fit_hosts, parse_host_list, single_host
+from .mpi import run_mpi
+
+
+def default_transport(hosts=None, *, cluster: bool = False, elastic: bool = False) -> str:
+    """The transport a job gets when none is named: ``shm`` on a single host without GPUs (the fastest
+    for CPU tensors there), ``torch`` across hosts, with CUDA devices (NCCL) and for ``--elastic`` jobs
+    (only Gloo reports dead peers)."""
+    if elastic or cluster:
+        return "torch"
+    if hosts is not None and not single_host(parse_host_list(hosts)):
+        return "torch"
+    return "torch" if _cuda_devices() else "shm"
+
+
+def _cuda_devices() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def run(command, np: int | None = None, *, transport: str | None = None, hosts=None, rsh: str = "ssh",
+        port: int | None = None, master_addr: str | None = None, node_rank: int | None = None,
+        rdzv_endpoint: str | None = None, run_id: str | None = None, env: dict | None = None,
+        cluster: bool = False, elastic: bool = False, min_np: int | None = None, max_np: int | None = None,
+        restarts: int = 0, elastic_timeout: float = 600.0) -> int:
+    """Run ``command`` (argv list) as ``np`` ranks; return the job's exit status (0 when every rank succeeded,
+    else the status of the rank that failed first). ``transport``: ``torch``, ``shm`` or ``mpi``; None picks
+    :func:`default_transport`. ``hosts``: ``"h1:4,h2:4"`` or ``[("h1", 4), ...]``. ``env``: extra variables
+    for every rank. ``cluster``: run on the emulated hosts of ``ringlet cluster up`` (sets ``hosts``, ``rsh``
+    and ``master_addr``). ``elastic``: survive dead workers while at least ``min_np`` (default ``np``)
+    remain, start up to ``restarts`` replacements, at most ``max_np`` ranks (see :mod:`.elastic`).
+    Bad options raise :class:`LaunchError`."""
+    if transport is None:
+        transport = default_transport(hosts, cluster=cluster, elastic=elastic)
+    transport = transport.strip().lower()
+    if elastic:
+        return _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, elastic_timeout)
+    mpi_entry = None
+    if cluster and node_rank is None:
+        hosts, rsh, master_addr, env, mpi_entry = _cluster_options(transport, hosts, rsh, master_addr, env)
+    command = tuple(command)
+    if not command:
+        raise LaunchError("No command given: ringlet run -np N -- python train.py ...")
+    if transport not in TRANSPORTS:
+        raise LaunchError(f"Unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}.")
+    parsed = None
+    if hosts:
+        parsed = parse_host_list(hosts)
+        if node_rank is None:
+            parsed = fit_hosts(parsed, np)
+    elif np is None:
+        raise LaunchError("Give the number of ranks with -np N (or a host list with --hosts).")
+    if np is not None and np < 1:
+        raise LaunchError("-np must be at least 1.")
+    cfg = RunConfig(command, np, transport, parsed, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id,
+                    dict(env or {}), mpi_entry)
+    return run_mpi(cfg) if transport == "mpi" else run_torch(cfg)
+
+
+def _cluster_options(transport, hosts, rsh, master_addr, env):
+    try:
+        opts = run_options(transport, hosts=hosts, rsh=rsh, master_addr=master_addr)
+    except ClusterError as exc:
+        raise LaunchError(str(exc)) from None
+    return (opts["hosts"], opts["rsh"], opts["master_addr"], {**opts.get("env", {}), **(env or {})},
+            opts.get("mpi_entry"))
+
+
+def _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, timeout) -> int:
+    if transport != "torch":
+        raise LaunchError(f"--elastic needs --transport torch (Gloo reports dead peers; {transport} does not "
+                          "support changing membership).")
+    if hosts or cluster:
+        raise LaunchError("--elastic runs on this host only (no --hosts / --cluster yet).")
+    if np is None:
+        raise LaunchError("Give the initial number of ranks with -np N.")
+    try:
+        cfg = ElasticConfig(tuple(command), np, np if min_np is None else min_np,
+                            np if max_np is None else max_np, restarts, timeout, dict(env or {}))
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    return run_elastic(cfg)
