@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ringlet
 import ringlet.torch.hooks as hooks
 
 
@@ -44,7 +45,8 @@ def main() -> int:
     plain = train()
     fp16 = train(hooks.fp16_compress_hook, hooks.HookState())
     result = {"rank": dist.get_rank(), "hook_vs_stock": maxdiff(hooked, plain), "fp16_vs_stock": maxdiff(fp16, plain),
-              "bucket_calls": {i: b.calls for i, b in state.buckets.items()}}
+              "bucket_calls": {i: b.calls for i, b in state.buckets.items()},
+              "transport": ringlet.collectives.runtime().transport.name}
     with open(f"{out}.rank{dist.get_rank()}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

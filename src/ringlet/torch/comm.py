@@ -150,9 +150,10 @@ class Comm:
 
 
 def ensure_initialized() -> None:
-    """Initialise ringlet on torch.distributed's existing default process group when nothing has
-    initialised it yet (the comm hooks need nothing but the hook line). ringlet's traffic then runs on
-    a Gloo group of its own beside the script's. ``ValueError`` when neither is initialised."""
+    """Initialise ringlet when nothing has yet (the comm hooks need nothing but the hook line): over
+    shared memory when the launcher chose it (``ringlet run`` on one host), else on torch.distributed's
+    existing default process group, with ringlet's traffic on a Gloo group of its own beside the
+    script's. ``ValueError`` when torch.distributed is not initialised either."""
     try:
         _core.runtime()
         return
@@ -163,9 +164,10 @@ def ensure_initialized() -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("ringlet has not been initialized and torch.distributed has no default process group: "
                          "call dist.init_process_group(...) or ringlet.init() first.")
+    from ringlet.transport import detect
     from ringlet.transport.torchdist import TorchTransport
 
-    ringlet.init(TorchTransport.beside_default_group())
+    ringlet.init("shm" if detect() == "shm" else TorchTransport.beside_default_group())
 
 
 def session_key() -> tuple[int, int]:
