@@ -14,12 +14,12 @@ from typing import Sequence
 
 import torch
 
-from .engine import agree, ops
+from .engine import agree, args, ops
 from .engine.meta import Kind, Meta
 from .group import Group
 from .runtime import Runtime, Work
 from .tuning import select
-from .types import DTYPE_CODE, SUPPORTED_DTYPES, ReduceOp, Reduction, dtype_name, reduction
+from .types import ReduceOp, Reduction, reduction
 
 _runtime: Runtime | None = None
 _local = threading.local()  # per-thread override: in-process worlds run one rank per thread
@@ -52,16 +52,7 @@ def use_runtime(rt: Runtime):
 
 
 # ---- local validation ---------------------------------------------------------------------------
-def _check_tensor(t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"Expected a torch.Tensor, got {type(t).__name__}.")
-    if t.dtype not in DTYPE_CODE:
-        raise ValueError(f"Tensor type {t.dtype} is not supported. Supported: "
-                         + ", ".join(dtype_name(d) for d in SUPPORTED_DTYPES) + ".")
-    if not t.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
-    if t.is_sparse:
-        raise ValueError("Sparse tensors are not supported; densify them first.")
+_check_tensor = args.check_tensor
 
 
 def _group(rt: Runtime, group: Group | None) -> Group:
@@ -311,20 +302,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | None = None, gr
     rt = runtime()
     _check_tensor(tensor)
     g = _group(rt, group)
-    if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension (got a scalar).")
-    if splits is None:
-        if tensor.shape[0] % g.size:
-            raise ValueError(f"alltoall without splits needs dim 0 ({tensor.shape[0]}) divisible by the group size ({g.size}).")
-        splits = [tensor.shape[0] // g.size] * g.size
-    else:
-        splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-        if len(splits) != g.size:
-            raise ValueError(f"alltoall splits has {len(splits)} entries; the group has {g.size} ranks.")
-        if any(s < 0 for s in splits):
-            raise ValueError("alltoall splits must be non-negative.")
-        if sum(splits) != tensor.shape[0]:
-            raise ValueError(f"alltoall splits sum to {sum(splits)}, but dim 0 of the tensor is {tensor.shape[0]}.")
+    splits = args.alltoall_splits(splits, tensor, g.size)
     src = tensor.clone()
     return rt.submit(lambda: _run_alltoall(rt, g, src, splits), sync=False)
 

@@ -142,6 +142,25 @@ def _shape_mismatch(kind: str, first: Meta, m: Meta) -> str | None:
     return None
 
 
+# The fields compared after kind, dtype and shape, in order: (field, the kinds it matters for or None
+# for all, how a value is shown, the message with {kind}, {a} and {b}).
+_FIELD_CHECKS = (
+    ("op", (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE), lambda v: ReduceOp(v).name,
+     "Mismatched {kind} reduction ops: One rank used {a}, but another rank used {b}."),
+    ("root", (Kind.BROADCAST, Kind.REDUCE), str,
+     "Mismatched {kind} root ranks: One rank specified root rank {a}, but another rank specified root rank {b}."),
+    ("algorithm", None, lambda v: repr(v or "auto"),
+     "Mismatched {kind} algorithms: One rank forced {a}, but another rank forced {b} "
+     "(check RINGLET_ALGORITHM on every rank)."),
+    ("pre", None, str, "Mismatched prescale factors: One rank sent factor {a}, but another rank sent factor {b}."),
+    ("post", None, str, "Mismatched postscale factors: One rank sent factor {a}, but another rank sent factor {b}."),
+    ("device", None, _dev, "Mismatched {kind} CPU/GPU device selection: One rank specified device {a}, but "
+                           "another rank specified device {b}."),
+    ("splits", (Kind.ADD_PS,), list,
+     "Mismatched add_process_set: One rank registered ranks {a}, but another rank registered ranks {b}."),
+)
+
+
 def _pair_mismatch(first: Meta, m: Meta) -> str | None:
     """The first difference between two members' records, in Horovod's words; None when they agree."""
     kind = KIND_NAMES.get(first.kind, str(first.kind))
@@ -154,26 +173,10 @@ def _pair_mismatch(first: Meta, m: Meta) -> str | None:
     shape = _shape_mismatch(kind, first, m)
     if shape is not None:
         return shape
-    if first.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE) and m.op != first.op:
-        return (f"Mismatched {kind} reduction ops: One rank used {ReduceOp(first.op).name}, but another rank "
-                f"used {ReduceOp(m.op).name}.")
-    if first.kind in (Kind.BROADCAST, Kind.REDUCE) and m.root != first.root:
-        return (f"Mismatched {kind} root ranks: One rank specified root rank {first.root}, but another rank "
-                f"specified root rank {m.root}.")
-    if m.algorithm != first.algorithm:
-        return (f"Mismatched {kind} algorithms: One rank forced {first.algorithm or 'auto'!r}, but another rank "
-                f"forced {m.algorithm or 'auto'!r} (check RINGLET_ALGORITHM on every rank).")
-    if m.pre != first.pre:
-        return f"Mismatched prescale factors: One rank sent factor {first.pre}, but another rank sent factor {m.pre}."
-    if m.post != first.post:
-        return (f"Mismatched postscale factors: One rank sent factor {first.post}, but another rank sent "
-                f"factor {m.post}.")
-    if m.device != first.device:
-        return (f"Mismatched {kind} CPU/GPU device selection: One rank specified device {_dev(first.device)}, "
-                f"but another rank specified device {_dev(m.device)}.")
-    if first.kind == Kind.ADD_PS and m.splits != first.splits:
-        return (f"Mismatched add_process_set: One rank registered ranks {list(first.splits)}, but another rank "
-                f"registered ranks {list(m.splits)}.")
+    for field, kinds, show, message in _FIELD_CHECKS:
+        a, b = getattr(first, field), getattr(m, field)
+        if a != b and (kinds is None or first.kind in kinds):
+            return message.format(kind=kind, a=show(a), b=show(b))
     return None
 
 

@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from ringlet.types import ReduceOp, dtype_name
+from ringlet.engine import args
+from ringlet.types import ReduceOp
 
 from . import requests as rq
 from .context import context, control as _control, submit as _submit
@@ -31,15 +32,7 @@ _MOVE_DTYPES = _REDUCE_DTYPES + (torch.uint8, torch.int8, torch.int16)
 
 # ---- local validation --------------------------------------------------------------------------------
 def _check_tensor(t, allowed: Sequence[torch.dtype]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"Expected a torch.Tensor, got {type(t).__name__}.")
-    if t.is_sparse:
-        raise ValueError("Sparse tensors are not supported here; use sparse_allreduce_async or densify.")
-    if t.dtype not in allowed:
-        raise ValueError(f"Tensor type {t.type()} is not supported. Supported: "
-                         + ", ".join(dtype_name(d) for d in allowed) + ".")
-    if not t.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
+    args.check_tensor(t, allowed, sparse_hint="use sparse_allreduce_async or densify")
 
 
 def _member(process_set) -> tuple[int, object]:
@@ -269,28 +262,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set: ProcessSet = glo
     ``(output, received_splits)``; without ``splits`` dim 0 is divided evenly."""
     ps_id, g = _member(process_set)
     _check_tensor(tensor, _MOVE_DTYPES)
-    if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension (got a scalar).")
-    if splits is None:
-        if tensor.shape[0] % g.size:
-            raise ValueError(f"alltoall without splits needs dim 0 ({tensor.shape[0]}) divisible by the number "
-                             f"of ranks ({g.size}).")
-        sp = [tensor.shape[0] // g.size] * g.size
-    else:
-        if isinstance(splits, torch.Tensor):
-            if splits.dim() != 1 or splits.is_floating_point():
-                raise ValueError("alltoall splits must be a 1-D integer tensor or a list of ints.")
-            splits = splits.tolist()
-        try:
-            sp = [int(s) for s in splits]
-        except (TypeError, ValueError):
-            raise ValueError(f"alltoall splits must be integers, got {splits!r}.") from None
-        if len(sp) != g.size:
-            raise ValueError(f"alltoall splits has {len(sp)} entries, but the process set has {g.size} ranks.")
-        if any(s < 0 for s in sp):
-            raise ValueError("alltoall splits must be non-negative.")
-        if sum(sp) != tensor.shape[0]:
-            raise ValueError(f"alltoall splits sum to {sum(sp)}, but dim 0 of the tensor is {tensor.shape[0]}.")
+    sp = args.alltoall_splits(splits, tensor, g.size)
     ctx = context()
     h = ctx.handles.allocate(1)
     meta = _meta(_base_name("alltoall", name, h), rq.ALLTOALL, ps_id, tensor, splits=tuple(sp))

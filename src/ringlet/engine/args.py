@@ -1,0 +1,49 @@
+"""Local argument checks every front end shares: a bad argument raises ``ValueError`` at the call, on
+the calling rank, before anything is queued or sent."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..types import SUPPORTED_DTYPES, dtype_name
+
+
+def check_tensor(t, allowed: Sequence[torch.dtype] = SUPPORTED_DTYPES, *, sparse_hint: str = "densify them first") -> None:
+    """``t`` must be a dense, contiguous tensor of one of the ``allowed`` dtypes."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"Expected a torch.Tensor, got {type(t).__name__}.")
+    if t.is_sparse:
+        raise ValueError(f"Sparse tensors are not supported here; {sparse_hint}.")
+    if t.dtype not in allowed:
+        raise ValueError(f"Tensor type {t.dtype} is not supported. Supported: "
+                         + ", ".join(dtype_name(d) for d in allowed) + ".")
+    if not t.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+
+
+def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
+    """The rows of ``t``'s dim 0 sent to each of ``p`` members: ``splits`` (a list of ints or a 1-D
+    integer tensor, non-negative, summing to dim 0), or dim 0 divided evenly when ``splits`` is None."""
+    if t.dim() == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension (got a scalar).")
+    if splits is None:
+        if t.shape[0] % p:
+            raise ValueError(f"alltoall without splits needs dim 0 ({t.shape[0]}) divisible by the number of "
+                             f"ranks ({p}).")
+        return [t.shape[0] // p] * p
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.is_floating_point():
+            raise ValueError("alltoall splits must be a 1-D integer tensor or a list of ints.")
+        splits = splits.tolist()
+    try:
+        sp = [int(s) for s in splits]
+    except (TypeError, ValueError):
+        raise ValueError(f"alltoall splits must be integers, got {splits!r}.") from None
+    if len(sp) != p:
+        raise ValueError(f"alltoall splits has {len(sp)} entries, but there are {p} ranks.")
+    if any(s < 0 for s in sp):
+        raise ValueError("alltoall splits must be non-negative.")
+    if sum(sp) != t.shape[0]:
+        raise ValueError(f"alltoall splits sum to {sum(sp)}, but dim 0 of the tensor is {t.shape[0]}.")
+    return sp
