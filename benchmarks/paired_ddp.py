@@ -48,6 +48,10 @@ import ringlet.torch
 from ringlet import timeline
 
 
+# Private knobs of ringlet's DDP that live on its reduction context (ringlet.torch.training.reduction).
+_RINGLET_KNOBS = {"_lend_gradients": "lend_gradients", "_factor_gather": "gather_algorithm"}
+
+
 def _value(text: str):
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
@@ -109,12 +113,13 @@ def main() -> None:
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
         else:
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
-        for k, v in private.items():
-            if not hasattr(wrapped, k):
-                raise SystemExit(f"arm {spec!r}: no attribute {k}")
-            setattr(wrapped, k, v)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
-            wrapped._lend_gradients = False
+            private["_lend_gradients"] = False
+        for k, v in private.items():
+            owner, attr = (wrapped._ctx, _RINGLET_KNOBS[k]) if k in _RINGLET_KNOBS else (wrapped, k)
+            if not hasattr(owner, attr):
+                raise SystemExit(f"arm {spec!r}: no attribute {k}")
+            setattr(owner, attr, v)
         arms.append((spec, wrapped, optimizer))
 
     def step(model, opt) -> None:

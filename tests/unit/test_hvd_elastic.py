@@ -364,7 +364,7 @@ def test_watchdog_tears_down_a_generation_the_driver_left(monkeypatch):
     master.set(protocol.GEN, "4")
     before = release.socket_inodes()
     a, b = _tcp_pair()
-    me = protocol.Assignment(4, 0, 2, 0, 2, 0, 1, "h")
+    me = protocol.Assignment(0, 2, 0, 2, 0, 1, "h", generation=4)
     monkeypatch.setattr(rendezvous, "_current", me)
     monkeypatch.setattr(rendezvous, "_snapshot", before)
     monkeypatch.setattr(rendezvous, "_stop_watch", threading.Event())

@@ -24,6 +24,7 @@ leave some blocks empty; their transfers are dropped by the builder.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from .schedule import Schedule, ScheduleBuilder, even_split
 
@@ -35,51 +36,55 @@ def participants(p: int) -> list[int]:
     return [2 * v + 1 if v < extra else v + extra for v in range(pp)]
 
 
-@functools.lru_cache(maxsize=256)
-def allreduce(p: int, count: int) -> Schedule:
-    """Rabenseifner all-reduce of ``count`` elements over any ``p >= 1`` ranks (cost in the module doc)."""
+def folded(name: str, p: int, count: int, rounds: Callable[[ScheduleBuilder, int, list[int]], None]) -> Schedule:
+    """A schedule over any ``p >= 1`` ranks whose ``rounds(builder, p', real)`` need a power of two ``p'``:
+    the ``p - p'`` extra ranks first hand their vector to a partner (``real[v]`` is the rank that plays
+    virtual rank ``v``) and get the result back at the end."""
     if p < 1:
-        raise ValueError(f"halving-doubling needs at least one rank, got p={p}")
-    b = ScheduleBuilder("halving_doubling", p)
+        raise ValueError(f"{name} needs at least one rank, got p={p}")
+    b = ScheduleBuilder(name, p)
     pp = 1 << (p.bit_length() - 1)
     extra = p - pp
-    real = participants(p)
-    blocks = even_split(count, pp)
-
-    def span(lo: int, nblocks: int) -> tuple[int, int]:
-        start = blocks[lo][0]
-        last_off, last_cnt = blocks[lo + nblocks - 1]
-        return start, last_off + last_cnt - start
-
     if extra:
         b.new_step()
         for i in range(extra):
             b.add(2 * i, 2 * i + 1, 0, count, reduce=True)
-
-    rounds = pp.bit_length() - 1
-
-    def owned(v: int, j: int) -> tuple[int, int]:
-        """Element range v owns after j halving rounds: bits 0..j-1 of v pick nested halves."""
-        lo, size = 0, pp
-        for bit in range(j):
-            size >>= 1
-            if v >> bit & 1:
-                lo += size
-        return span(lo, size)
-
-    for j in range(rounds):  # halving: give the partner the half it keeps
-        b.new_step()
-        for v in range(pp):
-            off, cnt = owned(v ^ (1 << j), j + 1)
-            b.add(real[v], real[v ^ (1 << j)], off, cnt, reduce=True)
-    for j in reversed(range(rounds)):  # doubling: send what is owned, own twice as much
-        b.new_step()
-        for v in range(pp):
-            off, cnt = owned(v, j + 1)
-            b.add(real[v], real[v ^ (1 << j)], off, cnt)
-
+    rounds(b, pp, participants(p))
     if extra:
         b.new_step()
         for i in range(extra):
             b.add(2 * i + 1, 2 * i, 0, count)
     return b.build()
+
+
+@functools.lru_cache(maxsize=256)
+def allreduce(p: int, count: int) -> Schedule:
+    """Rabenseifner all-reduce of ``count`` elements over any ``p >= 1`` ranks (cost in the module doc)."""
+
+    def rounds(b: ScheduleBuilder, pp: int, real: list[int]) -> None:
+        blocks = even_split(count, pp)
+
+        def owned(v: int, j: int) -> tuple[int, int]:
+            """Element range v owns after j halving rounds: bits 0..j-1 of v pick nested halves."""
+            lo, size = 0, pp
+            for bit in range(j):
+                size >>= 1
+                if v >> bit & 1:
+                    lo += size
+            start = blocks[lo][0]
+            last_off, last_cnt = blocks[lo + size - 1]
+            return start, last_off + last_cnt - start
+
+        n = pp.bit_length() - 1
+        for j in range(n):  # halving: give the partner the half it keeps
+            b.new_step()
+            for v in range(pp):
+                off, cnt = owned(v ^ (1 << j), j + 1)
+                b.add(real[v], real[v ^ (1 << j)], off, cnt, reduce=True)
+        for j in reversed(range(n)):  # doubling: send what is owned, own twice as much
+            b.new_step()
+            for v in range(pp):
+                off, cnt = owned(v, j + 1)
+                b.add(real[v], real[v ^ (1 << j)], off, cnt)
+
+    return folded("halving_doubling", p, count, rounds)

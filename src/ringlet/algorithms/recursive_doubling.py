@@ -19,29 +19,18 @@ from __future__ import annotations
 
 import functools
 
-from .halving_doubling import participants
+from .halving_doubling import folded
 from .schedule import Schedule, ScheduleBuilder
 
 
 @functools.lru_cache(maxsize=256)
 def allreduce(p: int, count: int) -> Schedule:
     """Recursive-doubling all-reduce of ``count`` elements over any ``p >= 1`` ranks."""
-    if p < 1:
-        raise ValueError(f"recursive doubling needs at least one rank, got p={p}")
-    b = ScheduleBuilder("recursive_doubling", p)
-    pp = 1 << (p.bit_length() - 1)
-    extra = p - pp
-    real = participants(p)
-    if extra:
-        b.new_step()
-        for i in range(extra):
-            b.add(2 * i, 2 * i + 1, 0, count, reduce=True)
-    for j in range(pp.bit_length() - 1):
-        b.new_step()
-        for v in range(pp):
-            b.add(real[v], real[v ^ (1 << j)], 0, count, reduce=True)
-    if extra:
-        b.new_step()
-        for i in range(extra):
-            b.add(2 * i + 1, 2 * i, 0, count)
-    return b.build()
+
+    def rounds(b: ScheduleBuilder, pp: int, real: list[int]) -> None:
+        for j in range(pp.bit_length() - 1):
+            b.new_step()
+            for v in range(pp):
+                b.add(real[v], real[v ^ (1 << j)], 0, count, reduce=True)
+
+    return folded("recursive_doubling", p, count, rounds)

@@ -27,11 +27,9 @@ Intervals = list[tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
-class StepStats:
-    """One step; all times in microseconds. ``exposed_share`` = exposed / step (0..1)."""
+class Times:
+    """Compute, communication and overlap in microseconds; ``exposed_share`` = exposed / step (0..1)."""
 
-    index: int
-    start_us: float
     step_us: float
     compute_us: float
     comm_us: float
@@ -41,17 +39,19 @@ class StepStats:
 
 
 @dataclass(frozen=True, slots=True)
-class Summary:
-    """Means over the summarised steps; ``hidden_fraction`` = hidden / comm (of the totals, 0..1)."""
+class StepStats(Times):
+    """One step, starting at ``start_us``."""
 
-    steps: int
-    step_us: float
-    compute_us: float
-    comm_us: float
-    hidden_us: float
-    exposed_us: float
-    exposed_share: float
-    hidden_fraction: float
+    index: int = 0
+    start_us: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Summary(Times):
+    """Means over ``steps`` summarised steps; ``hidden_fraction`` = hidden / comm (of the totals, 0..1)."""
+
+    steps: int = 0
+    hidden_fraction: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +105,7 @@ def step_stats(index: int, lo: float, hi: float, compute: Intervals, comm: Inter
     hidden = measure(intersect(cu, mu))
     wall = hi - lo
     exposed = m - hidden
-    return StepStats(index, lo, wall, c, m, hidden, exposed, exposed / wall if wall > 0 else 0.0)
+    return StepStats(wall, c, m, hidden, exposed, exposed / wall if wall > 0 else 0.0, index=index, start_us=lo)
 
 
 def summarize(steps: tuple[StepStats, ...] | list[StepStats], skip: int = 1) -> Summary:
@@ -113,12 +113,12 @@ def summarize(steps: tuple[StepStats, ...] | list[StepStats], skip: int = 1) -> 
     use = list(steps[skip:]) or list(steps)
     n = len(use)
     if n == 0:
-        return Summary(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return Summary(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     tot = {k: sum(getattr(s, k) for s in use) for k in ("step_us", "compute_us", "comm_us", "hidden_us",
                                                         "exposed_us")}
-    return Summary(n, tot["step_us"] / n, tot["compute_us"] / n, tot["comm_us"] / n, tot["hidden_us"] / n,
+    return Summary(tot["step_us"] / n, tot["compute_us"] / n, tot["comm_us"] / n, tot["hidden_us"] / n,
                    tot["exposed_us"] / n, tot["exposed_us"] / tot["step_us"] if tot["step_us"] > 0 else 0.0,
-                   tot["hidden_us"] / tot["comm_us"] if tot["comm_us"] > 0 else 0.0)
+                   steps=n, hidden_fraction=tot["hidden_us"] / tot["comm_us"] if tot["comm_us"] > 0 else 0.0)
 
 
 def analyze(path: str, rank: int | None = None, skip: int = 1) -> Report:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..launch.shim import Layout
+
 GEN = "gen"
 ABORT = "abort"
 
@@ -69,17 +71,11 @@ class Record:
 
 
 @dataclass(frozen=True)
-class Assignment:
-    """A worker's place in one generation (Horovod's definitions of local and cross ranks)."""
+class Assignment(Layout):
+    """A worker's place (:class:`~ringlet.launch.shim.Layout`: Horovod's definitions of local and cross
+    ranks) in one generation."""
 
-    generation: int
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    hostname: str
+    generation: int = 0
 
 
 def assignment(rec: Record, wid: str) -> Assignment:
@@ -97,5 +93,5 @@ def assignment(rec: Record, wid: str) -> Assignment:
         if h not in host_order:
             host_order.append(h)
     with_lr = [h for h in host_order if sum(1 for x in rec.hosts if x == h) > lr]
-    return Assignment(rec.generation, rank, len(rec.workers), lr, len(local), with_lr.index(host),
-                      len(with_lr), host)
+    return Assignment(rank, len(rec.workers), lr, len(local), with_lr.index(host), len(with_lr), host,
+                      generation=rec.generation)

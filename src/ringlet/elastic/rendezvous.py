@@ -232,11 +232,10 @@ def hosts_updated() -> bool:
 
 
 def _export(a: P.Assignment) -> None:
-    from ringlet.launch.shim import Layout, layout_env
+    from ringlet.launch.shim import layout_env
 
     env = os.environ
     env.update({"RANK": str(a.rank), "WORLD_SIZE": str(a.size), "LOCAL_RANK": str(a.local_rank),
                 "LOCAL_WORLD_SIZE": str(a.local_size), "GROUP_RANK": str(a.cross_rank),
                 "GROUP_WORLD_SIZE": str(a.cross_size)})
-    env.update(layout_env(Layout(a.rank, a.size, a.local_rank, a.local_size, a.cross_rank, a.cross_size,
-                                 a.hostname)))
+    env.update(layout_env(a))

@@ -216,20 +216,19 @@ class TorchTransport(Transport):
         return pg
 
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check_open()
-        try:
-            work = self._p2p_group(buf).send([buf], peer, tag)
-        except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, self.rank, "send", peer, tag, None) from exc
-        return TorchHandle(work, self.rank, peer, tag, "send", buf)
+        return self._post(buf, peer, tag, "send")
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        return self._post(buf, peer, tag, "receive")
+
+    def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
         self._check_open()
+        pg = self._p2p_group(buf)
         try:
-            work = self._p2p_group(buf).recv([buf], peer, tag)
+            work = pg.send([buf], peer, tag) if what == "send" else pg.recv([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, self.rank, "receive", peer, tag, None) from exc
-        return TorchHandle(work, self.rank, peer, tag, "receive", buf)
+            raise _translate(exc, self.rank, what, peer, tag, None) from exc
+        return TorchHandle(work, self.rank, peer, tag, what, buf)
 
     # ---- the backend's own all-reduce ----------------------------------------------------
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:

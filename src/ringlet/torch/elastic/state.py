@@ -202,21 +202,21 @@ class TorchState(ObjectState):
             handlers[name].set_value(value)
         object.__setattr__(self, name, value)
 
-    def save(self) -> None:
+    def _each(self, method: str) -> None:
         for h in self._handlers.values():
-            h.save()
+            getattr(h, method)()
+
+    def save(self) -> None:
+        self._each("save")
         super().save()
 
     def restore(self) -> None:
-        for h in self._handlers.values():
-            h.restore()
+        self._each("restore")
         super().restore()
 
     def sync(self) -> None:
-        for h in self._handlers.values():
-            h.sync()
+        self._each("sync")
         super().sync()
 
     def reset(self) -> None:
-        for h in self._handlers.values():
-            h.reset()
+        self._each("reset")

@@ -221,23 +221,6 @@ class DistributedDataParallel(torch.nn.Module):
         """Buckets replaced because something besides the lent ``.grad`` views still held their memory."""
         return self._ctx.fresh_buffers
 
-    # Private A/B knobs (benchmarks/paired_ddp.py sets them after construction).
-    @property
-    def _lend_gradients(self) -> bool:
-        return self._ctx.lend_gradients
-
-    @_lend_gradients.setter
-    def _lend_gradients(self, value: bool) -> None:
-        self._ctx.lend_gradients = value
-
-    @property
-    def _factor_gather(self) -> str:
-        return self._ctx.gather_algorithm
-
-    @_factor_gather.setter
-    def _factor_gather(self, value: str) -> None:
-        self._ctx.gather_algorithm = value
-
     @property
     def _tuner(self):
         """The step tuner's :class:`~ringlet.tuning.OnlineChoice` (for tests and reports)."""
