@@ -58,9 +58,11 @@ def _from_work(work) -> CommFuture:
     return fut
 
 
-def _from_handle(ctx, handle: int) -> CommFuture:
+def _from_handle(handle: int) -> CommFuture:
+    """The future of a coordinator handle, from the current ``ringlet.torch`` context (the one that made
+    the handle: an elastic reset may have replaced the context a Comm was built under)."""
     fut = CommFuture()
-    ctx.handles.on_done(handle, lambda value, error: _settle(fut, value, error))
+    _torch_context().handles.on_done(handle, lambda value, error: _settle(fut, value, error))
     return fut
 
 
@@ -74,11 +76,11 @@ class Comm:
 
     def __init__(self, group_or_set=None, algorithm: str = "auto"):
         self.algorithm = algorithm
-        self._ctx = _torch_context()
-        self.coordinated = self._ctx is not None
+        ctx = _torch_context()
+        self.coordinated = ctx is not None
         rt = _core.runtime()
         if self.coordinated:
-            self.process_set = _process_set(self._ctx, group_or_set)
+            self.process_set = _process_set(ctx, group_or_set)
             self.group = self.process_set._group() if self.process_set.ranks != list(range(rt.size)) else None
             self.ranks = tuple(self.process_set.ranks)
         else:
@@ -96,7 +98,7 @@ class Comm:
         if self.coordinated:
             from . import mpi_ops
 
-            return _from_handle(self._ctx, mpi_ops.allreduce_async_(
+            return _from_handle(mpi_ops.allreduce_async_(
                 t, name=name, op=int(op), prescale_factor=prescale, postscale_factor=postscale,
                 process_set=self.process_set))
         work = ringlet.allreduce_async_(t, op=op, algorithm=algorithm or self.algorithm, group=self.group,
@@ -110,7 +112,7 @@ class Comm:
         if self.coordinated:
             from . import mpi_ops
 
-            return _from_handle(self._ctx, mpi_ops.allgather_async(t, name=name, process_set=self.process_set))
+            return _from_handle(mpi_ops.allgather_async(t, name=name, process_set=self.process_set))
         return _from_work(ringlet.allgather_async(t, group=self.group, algorithm=algorithm, sizes=sizes, check=check))
 
     def reduce_scatter(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
@@ -120,7 +122,7 @@ class Comm:
         if self.coordinated:
             from . import mpi_ops
 
-            return _from_handle(self._ctx, mpi_ops.reducescatter_async(
+            return _from_handle(mpi_ops.reducescatter_async(
                 t, name=name, op=int(op), process_set=self.process_set, prescale_factor=prescale,
                 postscale_factor=postscale))
         return _from_work(ringlet.reduce_scatter_async(t, op=op, group=self.group, prescale_factor=prescale,
@@ -131,7 +133,7 @@ class Comm:
         if self.coordinated:
             from . import mpi_ops
 
-            return _from_handle(self._ctx, mpi_ops.broadcast_async_(t, self.root, name=name,
+            return _from_handle(mpi_ops.broadcast_async_(t, self.root, name=name,
                                                                     process_set=self.process_set))
         return _from_work(ringlet.broadcast_async_(t, self.root, group=self.group))
 
