@@ -180,6 +180,11 @@ class MPITransport(Transport):
                             f"{exc.Get_error_string()}") from exc
         return MPIHandle(req, self.rank, peer, tag, "receive", buf)
 
+    def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        """A receive that a message shorter than ``buf`` completes too (MPI's own rule): the small
+        all-reduce of :mod:`ringlet.engine.small` posts one buffer for any size up to its limit."""
+        return self.irecv(buf, peer, tag)
+
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
         """``MPI_Iallreduce(IN_PLACE)`` on the communicator of ``ranks``; AVG runs as SUM (the collective
         layer scales). False for dtypes without an MPI datatype (float16, bfloat16) or CUDA tensors."""

@@ -41,6 +41,7 @@ from ..types import CollectiveTimeout, PeerError, RingletError
 from . import _shm_boot as B
 from . import _shm_ring as R
 from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove
+from ._shm_mailbox import Mailbox
 from ._shm_progress import Progress
 from .base import COMPLETED, Handle, Transport
 
@@ -104,6 +105,7 @@ class ShmTransport(Progress, Transport):
     """
 
     name = "shm"
+    mailbox_payload_max = R.MAILBOX_PAYLOAD
 
     @classmethod
     def available(cls) -> bool:
@@ -150,6 +152,7 @@ class ShmTransport(Progress, Transport):
         self._self_unexpected: dict[int, collections.deque[torch.Tensor]] = {}
         self._path: str | None = None  # own segment, unlinked once every rank has mapped it
         self._cma_min = max(1, self.options.cma_min_bytes)
+        self.mailbox: Mailbox | None = None  # one-round small all-gathers of the world (size > 1)
         if size > 1:
             self._connect(store, timeout)
 
@@ -189,6 +192,19 @@ class ShmTransport(Progress, Transport):
                 o.cma_ok = self.options.cma and seg.mm[R.H_CMA_OK + me] == 1
                 self._outs[r] = o
                 self._ins.append(_In(me, r, own, self.size))
+        self.mailbox = Mailbox(self, R.mailbox_offset(self.size, own.words[R.H_CAP // 8]))
+
+    # ---- one-round small all-gather (world only) -----------------------------------------------
+    def small_round(self, record: bytes, payload: torch.Tensor | None, timeout: float | None) -> int:
+        """Every rank of the world publishes ``record`` (bytes) and ``payload`` (at most
+        ``mailbox_payload_max`` bytes) and returns once it can read every rank's; the returned round
+        number indexes ``self.mailbox.record(q, seq)`` / ``.payload(q, seq, dtype, count)``, valid until
+        this rank's next round. Every rank must call it, in the same order as its other collectives."""
+        if self.mailbox is None:
+            raise ValueError("a world of one rank has no mailbox")
+        seq = self.mailbox.publish(record, payload)
+        self.mailbox.wait(seq, timeout, _CHECK_EVERY)
+        return seq
 
     # ---- posting ------------------------------------------------------------------------------
     def _check(self, buf: torch.Tensor, peer: int) -> None:
@@ -446,6 +462,8 @@ class ShmTransport(Progress, Transport):
             time.sleep(0.001)
 
     def _release(self) -> None:
+        if self.mailbox is not None:
+            self.mailbox.close()
         if self._mapped is not None:
             B.release(self._mapped)
         self._segs = [None] * self.size

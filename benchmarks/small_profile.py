@@ -1,0 +1,119 @@
+"""Where a small all-reduce spends its time: each piece timed alone, beside MPI_Allreduce, in one job.
+
+    ringlet run -np 4 --transport mpi -- python benchmarks/small_profile.py --ringlet-transport shm 4K 300
+
+Launched by mpiexec (``--transport mpi``); ringlet itself runs on ``--ringlet-transport`` (shm, mpi or
+torch). Pieces, their timing blocks interleaved (A B C A B C ...) so a slow spell of the shared
+machine hits all of them alike; each number is the slowest rank's median, with this process's CPU
+time per call (user + system) beside it, which tells computing from waiting:
+
+* ``mpi``: ``MPI_Allreduce`` in place (the reference);
+* ``ringlet:<algo>`` with and without the metadata check (``check=False``);
+* ``round``: one bare exchange with the partner ``rank ^ 1`` through the transport (isend + irecv +
+  wait), the floor of one round of any schedule;
+* ``alltoall-round``: one round in which every rank sends the vector to every peer;
+* ``meta``: the metadata check alone (the record all-gather ``collectives._checked`` runs);
+* ``engine:<name>``: the prototypes of :mod:`ringlet.engine.small` (when present).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def _timed(runs: dict, sync, iters: int, blocks: int) -> dict[str, tuple[float, float]]:
+    per = max(1, iters // blocks)
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    for run in runs.values():
+        run()
+        run()
+    for _ in range(blocks):
+        for name, run in runs.items():
+            sync()
+            c0, t0 = time.process_time(), time.perf_counter()
+            for _ in range(per):
+                run()
+            t1, c1 = time.perf_counter(), time.process_time()
+            wall[name].append((t1 - t0) / per)
+            cpu[name].append((c1 - c0) / per)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("size", nargs="?", default="4K")
+    ap.add_argument("iters", nargs="?", type=int, default=300)
+    ap.add_argument("--ringlet-transport", default="shm")
+    ap.add_argument("--algorithms", default="recursive_doubling")
+    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--engine", default="", help="comma list of ringlet.engine.small prototypes to time")
+    args = ap.parse_args()
+
+    from mpi4py import MPI
+
+    import ringlet
+    from ringlet import collectives as C
+    from ringlet.benchmarking import parse_size
+    from ringlet.cli.bench import _start
+
+    comm = MPI.COMM_WORLD
+    rt = _start(args.ringlet_transport, [])
+    tr, p, me = rt.transport, ringlet.size(), ringlet.rank()
+    n = max(1, parse_size(args.size) // 4)
+    t = torch.ones(n)
+    arr = t.numpy()
+    runs = {"mpi": lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM)}
+    for a in [x for x in args.algorithms.split(",") if x]:
+        runs[f"ringlet:{a}"] = lambda a=a: ringlet.allreduce_(t, algorithm=a)
+        runs[f"ringlet:{a} nocheck"] = lambda a=a: ringlet.allreduce_(t, algorithm=a, check=False)
+    rbuf = torch.empty(n)
+    tags = iter(range(10**9))
+
+    def one_round():
+        tag = next(tags) % 30000
+        partner = me ^ 1
+        if partner >= p:
+            return
+        r = tr.irecv(rbuf, partner, tag)
+        s = tr.isend(t, partner, tag)
+        r.wait()
+        s.wait()
+
+    bufs = [torch.empty(n) for _ in range(p)]
+
+    def alltoall_round():
+        tag = next(tags) % 30000
+        hs = [tr.irecv(bufs[q], q, tag) for q in range(p) if q != me]
+        hs += [tr.isend(t, q, tag) for q in range(p) if q != me]
+        for h in hs:
+            h.wait()
+
+    g = rt.world
+    rec = C._meta_record(C.ALLREDUCE, t, 1, -1, "recursive_doubling")
+    runs["round"] = one_round
+    runs["alltoall-round"] = alltoall_round
+    runs["meta"] = lambda: C._checked(rt, g, me, rt.next_tag(g), rec)
+    if args.engine:
+        from ringlet.engine import small
+
+        for name in args.engine.split(","):
+            runs[f"engine:{name}"] = small.benchmark_runner(name, rt, t)
+    res = _timed(runs, ringlet.barrier, args.iters, args.blocks)
+    worst = {k: max(comm.allgather(v[0])) for k, v in res.items()}
+    cpus = {k: comm.allgather(v[1]) for k, v in res.items()}
+    if me == 0:
+        ref = worst["mpi"]
+        print(f"# {p} ranks, {n * 4} B, ringlet on {tr.name}, {args.iters} calls in {args.blocks} interleaved blocks")
+        print(f"{'piece':34s} {'time us':>9s} {'x mpi':>7s}  cpu us per rank")
+        for k in runs:
+            cs = " ".join(f"{c * 1e6:6.0f}" for c in cpus[k])
+            print(f"{k:34s} {worst[k] * 1e6:9.1f} {worst[k] / ref:7.2f}  {cs}")
+    ringlet.shutdown()
+
+
+if __name__ == "__main__":
+    main()

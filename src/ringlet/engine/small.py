@@ -1,0 +1,167 @@
+"""The small-message all-reduce: one round, metadata check included.
+
+Every member hands its whole vector, with its metadata record in front, to every other member; each
+member compares the records (raising the same :class:`~ringlet.types.MismatchError` everywhere when
+they differ) and reduces the ``p`` vectors itself, in rank order, so every member computes the same
+bits. One round instead of the check's exchange plus ``⌈log₂p⌉`` rounds of recursive doubling: the
+right trade while ``(p-1)·n`` bytes cost less than the rounds saved (a few KiB on a 1 Gbit/s link,
+tens of KiB on shared memory).
+
+Two carriers:
+
+* ``mailbox``: the shm transport's :meth:`~ringlet.transport.shm.ShmTransport.small_round` (world
+  groups only): one copy into the rank's own slot, one doorbell per peer, and the peers' vectors are
+  read in place. A mismatch of sizes is seen in the records before any payload is read.
+* ``p2p``: transports with ``irecv_upto`` (MPI, in-process): one message per peer, received into a
+  buffer of :data:`P2P_MAX_BYTES` so that a peer with another size is named by its record instead of
+  failing the receive.
+
+:func:`carrier` says which one applies (or ``None``: use the schedules); :func:`allreduce_` runs it.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from ..algorithms.executor import reduce_into
+from ..types import MismatchError
+
+P2P_MAX_BYTES = 64 << 10  # payload limit of the p2p carrier (one receive buffer per peer of this size)
+_HDR = 8  # p2p frame: payload bytes (int64), then the record, then the payload
+
+
+def carrier(rt, g, nbytes: int, limit: int | None = None) -> str | None:
+    """``"mailbox"``, ``"p2p"`` or ``None`` for an all-reduce of ``nbytes`` on group ``g``.
+
+    ``limit`` caps the payload (default: the carrier's own capacity)."""
+    tr = rt.transport
+    if g.size < 2:
+        return None
+    box = getattr(tr, "mailbox", None)
+    if box is not None and g.size == tr.size:
+        cap = tr.mailbox_payload_max
+        return "mailbox" if nbytes <= (cap if limit is None else min(cap, limit)) else None
+    if hasattr(tr, "irecv_upto"):
+        return "p2p" if nbytes <= (P2P_MAX_BYTES if limit is None else min(P2P_MAX_BYTES, limit)) else None
+    return None
+
+
+def pack(record: list[int] | None) -> bytes:
+    return b"" if record is None else struct.pack(f"<{len(record)}q", *record)
+
+
+def allreduce_(rt, g, grank: int, flat: torch.Tensor, op: int, record: list[int] | None, tag: int,
+               how: str) -> None:
+    """``flat`` (1-D, contiguous, this member's vector) becomes the reduction of every member's, in one
+    round over carrier ``how`` (from :func:`carrier`). ``op`` is a ReduceOp value (AVG sums; the caller
+    scales). With ``record`` (the metadata record of :mod:`ringlet.collectives`), every member checks
+    every record first and raises MismatchError on all members if any differs; without it, only the
+    sizes are compared. Every member of ``g`` must call it with the same ``how``."""
+    rec = pack(record)
+    if how == "mailbox":
+        _mailbox(rt, g, grank, flat, op, rec)
+    elif how == "p2p":
+        _p2p(rt, g, grank, flat, op, rec, tag)
+    else:
+        raise ValueError(f"unknown small all-reduce carrier {how!r}")
+
+
+def _mismatch(g, recs: list[bytes], sizes: list[int]) -> None:
+    """Raise the MismatchError every member raises for the same records (the collectives' wording)."""
+    from .. import collectives
+
+    if all(recs) and len({len(r) for r in recs}) == 1:
+        metas = torch.tensor([list(struct.unpack(f"<{len(r) // 8}q", r)) for r in recs], dtype=torch.int64)
+        collectives._verify(metas, g)
+    raise MismatchError(f"Mismatched all-reduce inputs: ranks {list(g.ranks)} sent {sizes} bytes "
+                        "(or different metadata records).")
+
+
+def _reduce_in_order(flat: torch.Tensor, views: list[torch.Tensor], op: int) -> None:
+    """``flat = views[0] op views[1] op ...``: the same order, hence the same bits, on every member."""
+    if views[0].data_ptr() != flat.data_ptr():
+        flat.copy_(views[0])
+    for v in views[1:]:
+        reduce_into(flat, v, op)
+
+
+def _mailbox(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes) -> None:
+    tr = rt.transport
+    seq = tr.small_round(rec, flat, rt.options.timeout)
+    box = tr.mailbox
+    nbytes = flat.numel() * flat.element_size()
+    sizes = [box.payload_bytes(q, seq) for q in range(g.size)]
+    recs = [box.record(q, seq) for q in range(g.size)] if rec else []
+    if any(s != nbytes for s in sizes) or any(r != rec for r in recs):
+        _mismatch(g, recs, sizes)
+    if not nbytes:
+        return
+    n, dt = flat.numel(), flat.dtype
+    # Our own contribution is read back from our slot: ``flat`` is overwritten with the result.
+    _reduce_in_order(flat, [box.payload(q, seq, dt, n) for q in range(g.size)], op)
+
+
+def _scratch(rt, nbytes: int, slots: int) -> torch.Tensor:
+    key = ("engine.small", slots)
+    buf = rt.workspace.get(key)
+    if buf is None or buf.numel() < nbytes * slots:
+        buf = torch.empty(nbytes * slots, dtype=torch.uint8)
+        rt.workspace[key] = buf
+    return buf
+
+
+def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int) -> None:
+    tr, p = rt.transport, g.size
+    nbytes = flat.numel() * flat.element_size()
+    head = _HDR + len(rec)
+    frame_cap = head + P2P_MAX_BYTES
+    buf = _scratch(rt, frame_cap, p)
+    frames = [buf[q * frame_cap:(q + 1) * frame_cap] for q in range(p)]
+    mine = frames[grank][:head + nbytes]
+    mine[:head].copy_(torch.frombuffer(bytearray(struct.pack("<q", nbytes) + rec), dtype=torch.uint8))
+    if nbytes:
+        mine[head:].copy_(flat.view(torch.uint8))
+    timeout = rt.options.timeout
+    peers = [q for q in range(p) if q != grank]
+    recvs = [tr.irecv_upto(frames[q], g.ranks[q], tag) for q in peers]
+    sends = [tr.isend(mine, g.ranks[q], tag) for q in peers]
+    for h in recvs:
+        h.wait(timeout)
+    sizes = [int(struct.unpack_from("<q", frames[q][:_HDR].numpy().tobytes())[0]) for q in range(p)]
+    recs = [bytes(frames[q][_HDR:head].numpy().tobytes()) for q in range(p)] if rec else []
+    ok = all(s == nbytes for s in sizes) and all(r == rec for r in recs)
+    for h in sends:
+        h.wait(timeout)
+    if not ok:
+        _mismatch(g, recs, sizes)
+    if nbytes:
+        views = [frames[q][head:head + nbytes].view(flat.dtype) for q in range(p)]
+        _reduce_in_order(flat, views, op)
+
+
+def benchmark_runner(name: str, rt, t: torch.Tensor):
+    """A callable doing what ``ringlet.allreduce_(t)`` would do with this path wired in (validation,
+    tag, record, the one round, scaling, through the runtime's submit): for benchmarks/small_profile.py."""
+    from .. import collectives as C
+    from ..types import ReduceOp
+
+    check = not name.endswith("nocheck")
+
+    def run() -> torch.Tensor:
+        C._check_tensor(t)
+        op = ReduceOp.parse("sum")
+        g, grank = C._group(rt, None)
+        algo = C.resolve_algorithm("auto", rt)
+
+        def body():
+            tag = rt.next_tag(g)
+            flat = t.view(-1)
+            how = carrier(rt, g, flat.numel() * flat.element_size())
+            rec = C._meta_record(C.ALLREDUCE, t, op, -1, algo, 1.0, 1.0) if check else None
+            allreduce_(rt, g, grank, flat, int(op), rec, tag, how)
+            return t
+
+        return rt.submit(body, sync=True).wait()
+
+    return run

@@ -1,0 +1,176 @@
+"""The one-round small all-reduce (ringlet.engine.small) against the reference, element by element, on
+both carriers: ``p2p`` over the in-process transport (MPI's receive rule) and ``mailbox`` over the shm
+transport (ranks as threads). World sizes 1..8, counts 0, 1, primes, up to the carrier's limit, every
+dtype and op; mismatched records raise MismatchError on every rank and the next call works."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import OPS, make_input, run_world
+from torch.distributed import HashStore
+
+from ringlet import collectives as C
+from ringlet.algorithms import reference
+from ringlet.engine import small
+from ringlet.runtime import Runtime
+from ringlet.transport.shm import ShmOptions, ShmTransport
+from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name
+
+COUNTS = (0, 1, 2, 7, 13, 251, 1023)
+
+
+def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True) -> torch.Tensor:
+    """What the collective layer does with this path: tag, record, one round (AVG sums; no scaling here)."""
+    g = rt.world
+    out = t.clone()
+    flat = out.view(-1)
+    how = small.carrier(rt, g, flat.numel() * flat.element_size())
+    tag = rt.next_tag(g)
+    if how is None:
+        assert g.size == 1
+        return out
+    rec = C._meta_record(C.ALLREDUCE, t, op, -1, "auto") if check else None
+    small.allreduce_(rt, g, g.rank_of(rt.rank), flat, int(op), rec, tag, how)
+    return out
+
+
+def _expected(inputs, op):
+    return reference.reduce(inputs, ReduceOp.SUM if op == ReduceOp.AVG else op)
+
+
+def shm_runtimes(p: int, fn, timeout: float = 120.0) -> list:
+    """``fn(rt)`` on every rank of a shm world of ``p`` threads, each with its own Runtime."""
+    store = HashStore()
+    results, errors = [None] * p, [None] * p
+
+    def body(r):
+        tr = None
+        try:
+            tr = ShmTransport(r, p, store, timeout=30, options=ShmOptions(ring_bytes=64 << 10))
+            rt = Runtime(tr, Options(timeout=30))
+            results[r] = fn(rt)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors[r] = exc
+        finally:
+            if tr is not None:
+                tr.close()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "shm world hung"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("p", range(1, 9))
+def test_p2p_against_reference(p, dtype):
+    cases = [(n, op) for n in COUNTS for op in OPS]
+    inputs = {c: [make_input(r, c[0], dtype, c[1]) for r in range(p)] for c in cases}
+
+    def fn(rank):
+        rt = C.runtime()
+        if p > 1:
+            assert small.carrier(rt, rt.world, 4) == "p2p"
+        return [_run(rt, inputs[c][rank], c[1]) for c in cases]
+
+    outs = run_world(p, fn)
+    for i, (n, op) in enumerate(cases):
+        exp = _expected(inputs[(n, op)], op)
+        for r in range(p):
+            assert torch.equal(outs[r][i], exp), f"p2p p={p} n={n} {op.name} {dtype_name(dtype)} rank {r}"
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_mailbox_against_reference(p):
+    cases = [(n, op, dt) for n in COUNTS for op in OPS for dt in SUPPORTED_DTYPES]
+    inputs = {c: [make_input(r, c[0], c[2], c[1]) for r in range(p)] for c in cases}
+
+    def fn(rt):
+        assert small.carrier(rt, rt.world, 4) == "mailbox"
+        return [_run(rt, inputs[c][rt.rank], c[1]) for c in cases]
+
+    outs = shm_runtimes(p, fn)
+    for i, (n, op, dt) in enumerate(cases):
+        exp = _expected(inputs[(n, op, dt)], op)
+        for r in range(p):
+            assert torch.equal(outs[r][i], exp), f"mailbox p={p} n={n} {op.name} {dtype_name(dt)} rank {r}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=dtype_name)
+def test_limits_and_largest(dtype):
+    """Exactly the carrier's limit runs in one round (both carriers); one element more does not."""
+    p = 3
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    n = small.P2P_MAX_BYTES // itemsize
+    inputs = [make_input(r, n, dtype) for r in range(p)]
+
+    def p2p(rank):
+        rt = C.runtime()
+        assert small.carrier(rt, rt.world, (n + 1) * itemsize) is None
+        return _run(rt, inputs[rank], ReduceOp.SUM)
+
+    def box(rt):
+        assert small.carrier(rt, rt.world, rt.transport.mailbox_payload_max + 1) is None
+        assert small.carrier(rt, rt.world, n * itemsize, limit=16) is None
+        return [_run(rt, inputs[rt.rank], ReduceOp.SUM) for _ in range(3)]  # both slots, then the first again
+
+    exp = _expected(inputs, ReduceOp.SUM)
+    assert all(torch.equal(o, exp) for o in run_world(p, p2p))
+    assert all(torch.equal(o, exp) for outs in shm_runtimes(p, box) for o in outs)
+
+
+def _mismatch_then_ok(rt, rank: int):
+    """Rank 1 sends another shape (first a same-size reshape, then another size); every rank must raise
+    MismatchError, and then a matching call works."""
+    errors = []
+    for bad in (torch.ones(2, 3), torch.ones(7)):
+        t = bad if rank == 1 else torch.ones(6)
+        try:
+            _run(rt, t, ReduceOp.SUM)
+        except MismatchError as exc:
+            errors.append(str(exc))
+    try:
+        _run(rt, torch.ones(6), ReduceOp.SUM if rank else ReduceOp.MAX)
+    except MismatchError as exc:
+        errors.append(str(exc))
+    ok = _run(rt, torch.full((6,), float(rank)), ReduceOp.SUM)
+    return errors, ok
+
+
+def test_mismatch_p2p():
+    p = 3
+    outs = run_world(p, lambda rank: _mismatch_then_ok(C.runtime(), rank))
+    for errors, ok in outs:
+        assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
+        assert torch.equal(ok, torch.full((6,), 3.0))
+    assert len({tuple(e) for e, _ in outs}) == 1  # the same message on every rank
+
+
+def test_mismatch_mailbox():
+    p = 3
+    outs = shm_runtimes(p, lambda rt: _mismatch_then_ok(rt, rt.rank))
+    for errors, ok in outs:
+        assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
+        assert torch.equal(ok, torch.full((6,), 3.0))
+    assert len({tuple(e) for e, _ in outs}) == 1
+
+
+def test_unchecked_size_mismatch_is_caught():
+    """Without records the sizes are still compared: a MismatchError, not garbage or a hang."""
+    def fn(rt):
+        try:
+            _run(rt, torch.ones(5 if rt.rank == 0 else 4), ReduceOp.SUM, check=False)
+        except MismatchError:
+            return True
+        return False
+
+    assert shm_runtimes(2, fn) == [True, True]
+    assert run_world(2, lambda rank: fn(C.runtime())) == [True, True]
