@@ -126,13 +126,18 @@ def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int) -
     peers = [q for q in range(p) if q != grank]
     recvs = [tr.irecv_upto(frames[q], g.ranks[q], tag) for q in peers]
     sends = [tr.isend(mine, g.ranks[q], tag) for q in peers]
-    for h in recvs:
-        h.wait(timeout)
+    wait_all = getattr(tr, "wait_all", None)
+    if wait_all is not None:
+        wait_all(recvs + sends, timeout)
+    else:
+        for h in recvs:
+            h.wait(timeout)
     sizes = [int(struct.unpack_from("<q", frames[q][:_HDR].numpy().tobytes())[0]) for q in range(p)]
     recs = [bytes(frames[q][_HDR:head].numpy().tobytes()) for q in range(p)] if rec else []
     ok = all(s == nbytes for s in sizes) and all(r == rec for r in recs)
-    for h in sends:
-        h.wait(timeout)
+    if wait_all is None:
+        for h in sends:
+            h.wait(timeout)
     if not ok:
         _mismatch(g, recs, sizes)
     if nbytes:
