@@ -174,3 +174,45 @@ def test_unchecked_size_mismatch_is_caught():
 
     assert shm_runtimes(2, fn) == [True, True]
     assert run_world(2, lambda rank: fn(C.runtime())) == [True, True]
+
+
+def test_src_and_flat_untouched_on_mismatch():
+    """A separate source (the caller's prescaled copy) is what travels; on a mismatch ``flat`` keeps
+    its values on every rank."""
+    def fn(rt):
+        g = rt.world
+        flat = torch.full((4,), float(rt.rank + 1))
+        small.allreduce_(rt, g, rt.rank, flat, int(ReduceOp.SUM), None, rt.next_tag(g),
+                         small.carrier(rt, g, 16), src=flat * 2)
+        bad = torch.ones(5 if rt.rank == 1 else 4)
+        before = bad.clone()
+        rec = C._meta_record(C.ALLREDUCE, bad, ReduceOp.SUM, -1, "auto")
+        try:
+            small.allreduce_(rt, g, rt.rank, bad, int(ReduceOp.SUM), rec, rt.next_tag(g),
+                             small.carrier(rt, g, 16))
+        except MismatchError:
+            pass
+        return flat, torch.equal(bad, before)
+
+    for flat, untouched in shm_runtimes(3, fn) + run_world(3, lambda rank: fn(C.runtime())):
+        assert torch.equal(flat, torch.full((4,), 12.0)) and untouched
+
+
+def test_check_records_meets_allreduce():
+    """On the mailbox, a rank checking another collective's record meets the all-reduce in the same
+    round: both raise MismatchError naming the operations."""
+    def fn(rt):
+        t = torch.ones(4)
+        try:
+            if rt.rank == 0:
+                small.check_records(rt, rt.world, C._meta_record(C.BROADCAST, t, 0, 0))
+            else:
+                _run(rt, t, ReduceOp.SUM)
+        except MismatchError as exc:
+            return str(exc)
+        return ""
+
+    msgs = shm_runtimes(3, fn)
+    assert all("Mismatched collective operations" in m for m in msgs) and len(set(msgs)) == 1
+    ok = shm_runtimes(2, lambda rt: small.check_records(rt, rt.world, [1, 2, 3]))
+    assert ok == [None, None]

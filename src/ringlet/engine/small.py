@@ -52,19 +52,38 @@ def pack(record: list[int] | None) -> bytes:
 
 
 def allreduce_(rt, g, grank: int, flat: torch.Tensor, op: int, record: list[int] | None, tag: int,
-               how: str) -> None:
-    """``flat`` (1-D, contiguous, this member's vector) becomes the reduction of every member's, in one
-    round over carrier ``how`` (from :func:`carrier`). ``op`` is a ReduceOp value (AVG sums; the caller
-    scales). With ``record`` (the metadata record of :mod:`ringlet.collectives`), every member checks
-    every record first and raises MismatchError on all members if any differs; without it, only the
-    sizes are compared. Every member of ``g`` must call it with the same ``how``."""
+               how: str, src: torch.Tensor | None = None) -> None:
+    """``flat`` (1-D, contiguous) becomes the reduction of every member's vector, in one round over
+    carrier ``how`` (from :func:`carrier`). This member's vector is ``src`` (same dtype and size, e.g.
+    a prescaled copy) or ``flat`` itself. ``op`` is a ReduceOp value (AVG sums; the caller scales).
+    With ``record`` (the metadata record of :mod:`ringlet.collectives`), every member checks every
+    record first and raises MismatchError on all members if any differs; without it, only the sizes
+    are compared. ``flat`` is written only after the check passed. Every member of ``g`` must call it
+    with the same ``how``."""
     rec = pack(record)
+    if src is not None and (src.dtype != flat.dtype or src.numel() != flat.numel()):
+        raise ValueError("src must have flat's dtype and size")
     if how == "mailbox":
-        _mailbox(rt, g, grank, flat, op, rec)
+        _mailbox(rt, g, grank, flat, op, rec, flat if src is None else src)
     elif how == "p2p":
-        _p2p(rt, g, grank, flat, op, rec, tag)
+        _p2p(rt, g, grank, flat, op, rec, tag, flat if src is None else src)
     else:
         raise ValueError(f"unknown small all-reduce carrier {how!r}")
+
+
+def check_records(rt, g, record: list[int]) -> None:
+    """The metadata check alone, over the mailbox (one round, no payload): MismatchError on every
+    member if the records differ. On the shm transport every checked collective of the world should
+    check through here, so that an all-reduce taking :func:`allreduce_` meets a rank that called
+    another collective in the same round (and both raise) instead of waiting on another channel."""
+    tr = rt.transport
+    rec = pack(record)
+    seq = tr.small_round(rec, None, rt.options.timeout)
+    box = tr.mailbox
+    recs = [box.record(q, seq) for q in range(g.size)]
+    sizes = [box.payload_bytes(q, seq) for q in range(g.size)]
+    if any(r != rec for r in recs) or any(sizes):
+        _mismatch(g, recs, sizes)
 
 
 def _mismatch(g, recs: list[bytes], sizes: list[int]) -> None:
@@ -86,9 +105,9 @@ def _reduce_in_order(flat: torch.Tensor, views: list[torch.Tensor], op: int) -> 
         reduce_into(flat, v, op)
 
 
-def _mailbox(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes) -> None:
+def _mailbox(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, src: torch.Tensor) -> None:
     tr = rt.transport
-    seq = tr.small_round(rec, flat, rt.options.timeout)
+    seq = tr.small_round(rec, src, rt.options.timeout)
     box = tr.mailbox
     nbytes = flat.numel() * flat.element_size()
     sizes = [box.payload_bytes(q, seq) for q in range(g.size)]
@@ -111,7 +130,7 @@ def _scratch(rt, nbytes: int, slots: int) -> torch.Tensor:
     return buf
 
 
-def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int) -> None:
+def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int, src: torch.Tensor) -> None:
     tr, p = rt.transport, g.size
     nbytes = flat.numel() * flat.element_size()
     head = _HDR + len(rec)
@@ -121,7 +140,7 @@ def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int) -
     mine = frames[grank][:head + nbytes]
     mine[:head].copy_(torch.frombuffer(bytearray(struct.pack("<q", nbytes) + rec), dtype=torch.uint8))
     if nbytes:
-        mine[head:].copy_(flat.view(torch.uint8))
+        mine[head:].copy_(src.view(torch.uint8))
     timeout = rt.options.timeout
     peers = [q for q in range(p) if q != grank]
     recvs = [tr.irecv_upto(frames[q], g.ranks[q], tag) for q in peers]
