@@ -157,9 +157,10 @@ class Mailbox:
     def payload_bytes(self, q: int, seq: int) -> int:
         return self.tr._segs[q].words[self._slot(q, seq) // 8 + 1]
 
-    def payload(self, q: int, seq: int, dtype: torch.dtype, count: int) -> torch.Tensor:
-        """A tensor over rank ``q``'s payload of round ``seq``: valid until this rank's next round."""
-        key = (q, seq & 1, dtype, count)
+    def payload(self, q: int, seq: int, dtype: torch.dtype, count: int, as_numpy: bool = False):
+        """A tensor (or, ``as_numpy``, a numpy array) over rank ``q``'s payload of round ``seq``: valid
+        until this rank's next round."""
+        key = (q, seq & 1, dtype, count, as_numpy)
         v = self._views.get(key)
         if v is None:
             if len(self._views) > 256:
@@ -170,6 +171,8 @@ class Mailbox:
                 return torch.empty(0, dtype=dtype)
             raw = (ctypes.c_char * nbytes).from_address(addr)
             v = torch.frombuffer(raw, dtype=dtype, count=count)
+            if as_numpy:
+                v = v.numpy()
             self._views[key] = v
         return v
 
