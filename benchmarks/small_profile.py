@@ -18,6 +18,7 @@ time per call (user + system) beside it, which tells computing from waiting:
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -28,19 +29,21 @@ def _timed(runs: dict, sync, iters: int, blocks: int) -> dict[str, tuple[float, 
     per = max(1, iters // blocks)
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
+    sys_: dict[str, list[float]] = {k: [] for k in runs}
     for run in runs.values():
         run()
         run()
     for _ in range(blocks):
         for name, run in runs.items():
             sync()
-            c0, t0 = time.process_time(), time.perf_counter()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             for _ in range(per):
                 run()
-            t1, c1 = time.perf_counter(), time.process_time()
+            t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             wall[name].append((t1 - t0) / per)
-            cpu[name].append((c1 - c0) / per)
-    return {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in runs}
+            cpu[name].append((r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / per)
+            sys_[name].append((r1.ru_stime - r0.ru_stime) / per)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k]), statistics.median(sys_[k])) for k in runs}
 
 
 def main() -> None:
@@ -105,12 +108,13 @@ def main() -> None:
     res = _timed(runs, ringlet.barrier, args.iters, args.blocks)
     worst = {k: max(comm.allgather(v[0])) for k, v in res.items()}
     cpus = {k: comm.allgather(v[1]) for k, v in res.items()}
+    syss = {k: comm.allgather(v[2]) for k, v in res.items()}
     if me == 0:
         ref = worst["mpi"]
         print(f"# {p} ranks, {n * 4} B, ringlet on {tr.name}, {args.iters} calls in {args.blocks} interleaved blocks")
-        print(f"{'piece':34s} {'time us':>9s} {'x mpi':>7s}  cpu us per rank")
+        print(f"{'piece':34s} {'time us':>9s} {'x mpi':>7s}  cpu us per rank (of which system)")
         for k in runs:
-            cs = " ".join(f"{c * 1e6:6.0f}" for c in cpus[k])
+            cs = " ".join(f"{c * 1e6:4.0f} ({s * 1e6:3.0f})" for c, s in zip(cpus[k], syss[k]))
             print(f"{k:34s} {worst[k] * 1e6:9.1f} {worst[k] / ref:7.2f}  {cs}")
     ringlet.shutdown()
 

@@ -194,12 +194,20 @@ def _p2p(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, tag: int, s
 
 
 def benchmark_runner(name: str, rt, t: torch.Tensor):
-    """A callable doing what ``ringlet.allreduce_(t)`` would do with this path wired in (validation,
-    tag, record, the one round, scaling, through the runtime's submit): for benchmarks/small_profile.py."""
+    """A callable for benchmarks/small_profile.py. ``small``/``small-nocheck``: what ``ringlet.allreduce_(t)``
+    would do with this path wired in (validation, tag, record, the one round, through the runtime's
+    submit); ``small-raw``: the one round alone with a prepared record (the engine's own cost)."""
     from .. import collectives as C
     from ..types import ReduceOp
 
     check = not name.endswith("nocheck")
+    g = rt.world
+    if name == "small-raw":
+        rec = C._meta_record(C.ALLREDUCE, t, ReduceOp.SUM, -1, "auto", 1.0, 1.0)
+        flat = t.view(-1)
+        how = carrier(rt, g, flat.numel() * flat.element_size())
+        grank = g.rank_of(rt.rank)
+        return lambda: allreduce_(rt, g, grank, flat, int(ReduceOp.SUM), rec, rt.next_tag(g), how)
 
     def run() -> torch.Tensor:
         C._check_tensor(t)
