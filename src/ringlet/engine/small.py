@@ -122,9 +122,10 @@ def _reduce_in_order(flat: torch.Tensor, views: list, op: int) -> None:
     ``views`` are numpy arrays when ``flat``'s dtype is in ``_NP_DTYPES``, else tensors."""
     if flat.dtype in _NP_DTYPES:
         out, fn = flat.numpy(), _NP_OPS[op]
-        fn(views[0], views[1], out=out)
-        for v in views[2:]:
-            fn(out, v, out=out)
+        with np.errstate(all="ignore"):  # overflow to inf is the caller's business, as with torch
+            fn(views[0], views[1], out=out)
+            for v in views[2:]:
+                fn(out, v, out=out)
         return
     flat.copy_(views[0])
     for v in views[1:]:
