@@ -13,7 +13,8 @@ time per call (user + system) beside it, which tells computing from waiting:
   wait), the floor of one round of any schedule;
 * ``alltoall-round``: one round in which every rank sends the vector to every peer;
 * ``meta``: the metadata check alone (the record all-gather ``collectives._checked`` runs);
-* ``engine:<name>``: the prototypes of :mod:`ringlet.engine.small` (when present).
+* ``engine:<name>``: the prototypes of :mod:`ringlet.engine.small` (``small``, ``small-nocheck``,
+  ``small-raw``; ``small-raw@spin30``: with the shm waiter spinning 30 us, yielding, before it sleeps).
 """
 from __future__ import annotations
 
@@ -104,7 +105,16 @@ def main() -> None:
         from ringlet.engine import small
 
         for name in args.engine.split(","):
-            runs[f"engine:{name}"] = small.benchmark_runner(name, rt, t)
+            base, _, spin = name.partition("@spin")
+            runner = small.benchmark_runner(base, rt, t)
+            if spin:  # the shm waiter's spin before sleeping, in microseconds, for this runner only
+                def runner(runner=runner, spin=float(spin) * 1e-6):
+                    old, tr._spin = tr._spin, spin
+                    try:
+                        runner()
+                    finally:
+                        tr._spin = old
+            runs[f"engine:{name}"] = runner
     res = _timed(runs, ringlet.barrier, args.iters, args.blocks)
     worst = {k: max(comm.allgather(v[0])) for k, v in res.items()}
     cpus = {k: comm.allgather(v[1]) for k, v in res.items()}
