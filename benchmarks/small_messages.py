@@ -11,10 +11,12 @@ Launched by mpiexec. Per size, the timing blocks of every implementation are int
 * ``auto``: ``ringlet.allreduce_`` as it is today (metadata check on; on the mpi transport ``auto``
   hands small messages to MPI_Allreduce itself, so it is not ringlet's own schedule there);
 * ``rd``: ringlet's recursive doubling through the public API (check on), the best schedule until now;
-* ``one-round``: :mod:`ringlet.engine.small` (check included) wrapped as the collective layer would call it
-  today (validation, record, ``Runtime.submit``): the path proposed for ``ringlet.allreduce``;
-* ``one-round raw``: the same round alone, record prepared once (the engine's own cost: what the
-  collective layer's per-call overhead adds to ``one-round`` is the difference);
+* ``small``: :mod:`ringlet.engine.small` (check included: the shm mailbox's one round, or recursive
+  doubling with the records in band over p2p) wrapped as the collective layer would call it today
+  (validation, record, ``Runtime.submit``): the path proposed for ``ringlet.allreduce``;
+* ``small raw``: the same rounds alone, record prepared once (the engine's own cost: what the
+  collective layer's per-call overhead adds to ``small`` is the difference);
+* ``1-round p2p raw`` (p2p transports): every rank sends its vector to every peer, one round;
 * ``gloo-p2p rd``: ringlet's recursive doubling over Gloo point-to-point (``--gloo``), check on.
 
 A correctness check of every implementation (integer data, #wrong elements) follows the timed runs.
@@ -40,8 +42,10 @@ def _impls(args, rt, gloo_rt, comm, t):
     out = {"mpi": lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM),
            "auto": lambda: ringlet.allreduce_(t),
            "rd": lambda: ringlet.allreduce_(t, algorithm="recursive_doubling"),
-           "one-round": small.benchmark_runner("small", rt, t),
-           "one-round raw": small.benchmark_runner("small-raw", rt, t)}
+           "small": small.benchmark_runner("small", rt, t),
+           "small raw": small.benchmark_runner("small-raw", rt, t)}
+    if small.carrier(rt, rt.world, t.numel() * 4) == "p2p-rd":
+        out["1-round p2p raw"] = small.benchmark_runner("small-raw:p2p", rt, t)
     if gloo_rt is not None:
         def gloo():
             with ringlet.use_runtime(gloo_rt):

@@ -21,12 +21,13 @@ from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dt
 COUNTS = (0, 1, 2, 7, 13, 251, 1023)
 
 
-def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True) -> torch.Tensor:
-    """What the collective layer does with this path: tag, record, one round (AVG sums; no scaling here)."""
+def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True, how: str | None = None) -> torch.Tensor:
+    """What the collective layer does with this path: tag, record, the rounds (AVG sums; no scaling)."""
     g = rt.world
     out = t.clone()
     flat = out.view(-1)
-    how = small.carrier(rt, g, flat.numel() * flat.element_size())
+    how = small.carrier(rt, g, flat.numel() * flat.element_size()) and (how or small.carrier(
+        rt, g, flat.numel() * flat.element_size()))
     tag = rt.next_tag(g)
     if how is None:
         assert g.size == 1
@@ -69,17 +70,18 @@ def shm_runtimes(p: int, fn, timeout: float = 120.0) -> list:
     return results
 
 
+@pytest.mark.parametrize("how", ["p2p-rd", "p2p"])
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("p", range(1, 9))
-def test_p2p_against_reference(p, dtype):
+def test_p2p_against_reference(p, dtype, how):
     cases = [(n, op) for n in COUNTS for op in OPS]
     inputs = {c: [make_input(r, c[0], dtype, c[1]) for r in range(p)] for c in cases}
 
     def fn(rank):
         rt = C.runtime()
         if p > 1:
-            assert small.carrier(rt, rt.world, 4) == "p2p"
-        return [_run(rt, inputs[c][rank], c[1]) for c in cases]
+            assert small.carrier(rt, rt.world, 4) == "p2p-rd"
+        return [_run(rt, inputs[c][rank], c[1], how=how) for c in cases]
 
     outs = run_world(p, fn)
     for i, (n, op) in enumerate(cases):
@@ -115,7 +117,7 @@ def test_limits_and_largest(dtype):
     def p2p(rank):
         rt = C.runtime()
         assert small.carrier(rt, rt.world, (n + 1) * itemsize) is None
-        return _run(rt, inputs[rank], ReduceOp.SUM)
+        return _run(rt, inputs[rank], ReduceOp.SUM, how="p2p") + _run(rt, inputs[rank], ReduceOp.SUM) * 0
 
     def box(rt):
         assert small.carrier(rt, rt.world, rt.transport.mailbox_payload_max + 1) is None
@@ -145,12 +147,12 @@ def _mismatch_then_ok(rt, rank: int):
     return errors, ok
 
 
-def test_mismatch_p2p():
-    p = 3
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_mismatch_p2p(p):
     outs = run_world(p, lambda rank: _mismatch_then_ok(C.runtime(), rank))
     for errors, ok in outs:
         assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
-        assert torch.equal(ok, torch.full((6,), 3.0))
+        assert torch.equal(ok, torch.full((6,), float(p * (p - 1) // 2)))
     assert len({tuple(e) for e, _ in outs}) == 1  # the same message on every rank
 
 
@@ -198,21 +200,31 @@ def test_src_and_flat_untouched_on_mismatch():
         assert torch.equal(flat, torch.full((4,), 12.0)) and untouched
 
 
-def test_check_records_meets_allreduce():
-    """On the mailbox, a rank checking another collective's record meets the all-reduce in the same
-    round: both raise MismatchError naming the operations."""
-    def fn(rt):
-        t = torch.ones(4)
-        try:
-            if rt.rank == 0:
-                small.check_records(rt, rt.world, C._meta_record(C.BROADCAST, t, 0, 0))
-            else:
-                _run(rt, t, ReduceOp.SUM)
-        except MismatchError as exc:
-            return str(exc)
-        return ""
+def _check_vs_allreduce(rt):
+    """Rank 0 checks a broadcast's record while the others all-reduce."""
+    t = torch.ones(4)
+    g = rt.world
+    how = small.carrier(rt, g, 16)
+    try:
+        if rt.rank == 0:
+            small.check_records(rt, g, 0, C._meta_record(C.BROADCAST, t, 0, 0), rt.next_tag(g), how)
+        else:
+            _run(rt, t, ReduceOp.SUM)
+    except MismatchError as exc:
+        return str(exc)
+    return ""
 
-    msgs = shm_runtimes(3, fn)
-    assert all("Mismatched collective operations" in m for m in msgs) and len(set(msgs)) == 1
-    ok = shm_runtimes(2, lambda rt: small.check_records(rt, rt.world, [1, 2, 3]))
-    assert ok == [None, None]
+
+def test_check_records_meets_allreduce():
+    """A rank checking another collective's record meets the all-reduce in the same exchange (mailbox
+    and in-band p2p): every rank raises MismatchError naming the operations; matching checks pass."""
+    for msgs in (shm_runtimes(3, _check_vs_allreduce), run_world(3, lambda r: _check_vs_allreduce(C.runtime())),
+                 run_world(5, lambda r: _check_vs_allreduce(C.runtime()))):
+        assert all("Mismatched collective operations" in m for m in msgs) and len(set(msgs)) == 1
+
+    def ok(rt):
+        g = rt.world
+        return small.check_records(rt, g, rt.rank, [1, 2, 3], rt.next_tag(g), small.carrier(rt, g, 0))
+
+    assert shm_runtimes(2, ok) == [None, None]
+    assert run_world(3, lambda r: ok(C.runtime())) == [None] * 3
