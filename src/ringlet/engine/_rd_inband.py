@@ -34,14 +34,15 @@ def _encode(entries: dict[int, tuple[int, bytes]]) -> bytes:
     return b"".join(out)
 
 
-def _decode(raw: bytes, into: dict[int, tuple[int, bytes]]) -> int:
+def _decode(raw: memoryview, into: dict[int, tuple[int, bytes]]) -> int:
     """Merge the entries at the front of ``raw`` into ``into``; returns where the payload starts."""
     (count,) = struct.unpack_from("<q", raw, 0)
     pos = 8
     for _ in range(count):
         r, n, k = _ENTRY.unpack_from(raw, pos)
         pos += _ENTRY.size
-        into.setdefault(r, (n, raw[pos:pos + k]))
+        if r not in into:
+            into[r] = (n, bytes(raw[pos:pos + k]))
         pos += k
     return pos
 
@@ -55,17 +56,19 @@ class _State:
         self.tr = rt.transport
         self.nbytes = 0 if flat is None else flat.numel() * flat.element_size()
         key = ("engine.rd_inband", cap)
-        buf = rt.workspace.get(key)
-        if buf is None:
-            buf = rt.workspace[key] = torch.empty(2 * cap, dtype=torch.uint8)
-        self.out_frame, self.in_frame = buf[:cap], buf[cap:]
+        ws = rt.workspace.get(key)
+        if ws is None:  # frames, and memoryviews of them for struct (no copies, no tensor calls)
+            buf = torch.empty(2 * cap, dtype=torch.uint8)
+            ws = rt.workspace[key] = (buf[:cap], buf[cap:], memoryview(buf[:cap].numpy()),
+                                      memoryview(buf[cap:].numpy()))
+        self.out_frame, self.in_frame, self.out_mv, self.in_mv = ws
         self.acc = None if flat is None else (flat if src is None else src).clone()
         self.entries: dict[int, tuple[int, bytes]] = {grank: (self.nbytes, rec)}
 
     def _frame(self) -> torch.Tensor:
         head = _encode(self.entries)
         frame = self.out_frame[:len(head) + self.nbytes]
-        frame[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+        self.out_mv[:len(head)] = head
         if self.nbytes:
             frame[len(head):].copy_(self.acc.view(torch.uint8))
         return frame
@@ -87,8 +90,7 @@ class _State:
                 h.wait(timeout)
         if not recv:
             return
-        head = bytes(self.in_frame[:8 + len(self.g.ranks) * (_ENTRY.size + RECORD_MAX)].numpy())
-        pos = _decode(head, self.entries)
+        pos = _decode(self.in_mv, self.entries)
         theirs = self.entries.get(peer)
         if self.acc is None or theirs is None or theirs[0] != self.nbytes or not self.nbytes:
             return
