@@ -96,6 +96,24 @@ def main() -> None:
         for h in hs:
             h.wait()
 
+    big = [torch.empty(n + (64 << 10) // 4) for _ in range(p)]
+
+    def alltoall_variant(bufs_, wait_all: bool):
+        def run():
+            tag = next(tags) % 30000
+            hs = [tr.irecv(bufs_[q], q, tag) if bufs_ is bufs else tr.irecv_upto(bufs_[q], q, tag)
+                  for q in range(p) if q != me]
+            hs += [tr.isend(t, q, tag) for q in range(p) if q != me]
+            if wait_all:
+                tr.wait_all(hs)
+            else:
+                for h in hs:
+                    h.wait()
+        return run
+
+    if hasattr(tr, "irecv_upto") and hasattr(tr, "wait_all"):
+        runs["alltoall-round big-recv"] = alltoall_variant(big, False)
+        runs["alltoall-round wait_all"] = alltoall_variant(bufs, True)
     g = rt.world
     rec = C._meta_record(C.ALLREDUCE, t, 1, -1, "recursive_doubling")
     runs["round"] = one_round

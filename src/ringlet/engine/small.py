@@ -30,7 +30,7 @@ import torch
 
 from ..algorithms.executor import reduce_into
 from ..types import MismatchError
-from ._rd_inband import allreduce_rd
+from ._rd_inband import NP_DTYPES, NP_OPS, allreduce_rd
 
 P2P_MAX_BYTES = 64 << 10  # payload limit of the p2p carrier (one receive buffer per peer of this size)
 _HDR = 8  # p2p frame: payload bytes (int64), then the record, then the payload
@@ -125,11 +125,7 @@ def _mismatch(g, recs: list[bytes], sizes: list[int]) -> None:
                         "(or different metadata records).")
 
 
-# numpy's elementwise ops cost about a microsecond on a few KiB where a torch call costs several;
-# both round each element once, so the bits are the same. Half types stay with torch.
-_NP_OPS = {0: np.add, 1: np.add, 3: np.minimum, 4: np.maximum, 5: np.multiply}
-_NP_DTYPES = frozenset((torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
-                        torch.int64))
+_NP_OPS, _NP_DTYPES = NP_OPS, NP_DTYPES
 
 
 def _reduce_in_order(flat: torch.Tensor, views: list, op: int) -> None:
