@@ -47,6 +47,62 @@ def _timed(runs: dict, sync, iters: int, blocks: int) -> dict[str, tuple[float, 
     return {k: (statistics.median(wall[k]), statistics.median(cpu[k]), statistics.median(sys_[k])) for k in runs}
 
 
+def _transport_pieces(tr, t: torch.Tensor, p: int, me: int) -> dict:
+    """Bare transport exchanges: one partner, every peer (exact and 64 KiB receive buffers, wait_all)."""
+    n = t.numel()
+    rbuf = torch.empty(n)
+    bufs = [torch.empty(n) for _ in range(p)]
+    big = [torch.empty(n + (64 << 10) // 4) for _ in range(p)]
+    tags = iter(range(10**9))
+
+    def one_round():
+        tag = next(tags) % 30000
+        partner = me ^ 1
+        if partner >= p:
+            return
+        r = tr.irecv(rbuf, partner, tag)
+        s = tr.isend(t, partner, tag)
+        r.wait()
+        s.wait()
+
+    def alltoall(bufs_, wait_all: bool):
+        def run():
+            tag = next(tags) % 30000
+            hs = [tr.irecv(bufs_[q], q, tag) if bufs_ is bufs else tr.irecv_upto(bufs_[q], q, tag)
+                  for q in range(p) if q != me]
+            hs += [tr.isend(t, q, tag) for q in range(p) if q != me]
+            if wait_all:
+                tr.wait_all(hs)
+            else:
+                for h in hs:
+                    h.wait()
+        return run
+
+    runs = {"round": one_round, "alltoall-round": alltoall(bufs, False)}
+    if hasattr(tr, "irecv_upto") and hasattr(tr, "wait_all"):
+        runs["alltoall-round big-recv"] = alltoall(big, False)
+        runs["alltoall-round wait_all"] = alltoall(bufs, True)
+    return runs
+
+
+def _engine_pieces(names: str, rt, t: torch.Tensor) -> dict:
+    from ringlet.engine import small
+
+    tr, runs = rt.transport, {}
+    for name in [x for x in names.split(",") if x]:
+        base, _, spin = name.partition("@spin")
+        runner = small.benchmark_runner(base, rt, t)
+        if spin:  # the shm waiter's spin before sleeping, in microseconds, for this runner only
+            def runner(runner=runner, spin=float(spin) * 1e-6):
+                old, tr._spin = tr._spin, spin
+                try:
+                    runner()
+                finally:
+                    tr._spin = old
+        runs[f"engine:{name}"] = runner
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("size", nargs="?", default="4K")
@@ -74,65 +130,11 @@ def main() -> None:
     for a in [x for x in args.algorithms.split(",") if x]:
         runs[f"ringlet:{a}"] = lambda a=a: ringlet.allreduce_(t, algorithm=a)
         runs[f"ringlet:{a} nocheck"] = lambda a=a: ringlet.allreduce_(t, algorithm=a, check=False)
-    rbuf = torch.empty(n)
-    tags = iter(range(10**9))
-
-    def one_round():
-        tag = next(tags) % 30000
-        partner = me ^ 1
-        if partner >= p:
-            return
-        r = tr.irecv(rbuf, partner, tag)
-        s = tr.isend(t, partner, tag)
-        r.wait()
-        s.wait()
-
-    bufs = [torch.empty(n) for _ in range(p)]
-
-    def alltoall_round():
-        tag = next(tags) % 30000
-        hs = [tr.irecv(bufs[q], q, tag) for q in range(p) if q != me]
-        hs += [tr.isend(t, q, tag) for q in range(p) if q != me]
-        for h in hs:
-            h.wait()
-
-    big = [torch.empty(n + (64 << 10) // 4) for _ in range(p)]
-
-    def alltoall_variant(bufs_, wait_all: bool):
-        def run():
-            tag = next(tags) % 30000
-            hs = [tr.irecv(bufs_[q], q, tag) if bufs_ is bufs else tr.irecv_upto(bufs_[q], q, tag)
-                  for q in range(p) if q != me]
-            hs += [tr.isend(t, q, tag) for q in range(p) if q != me]
-            if wait_all:
-                tr.wait_all(hs)
-            else:
-                for h in hs:
-                    h.wait()
-        return run
-
-    if hasattr(tr, "irecv_upto") and hasattr(tr, "wait_all"):
-        runs["alltoall-round big-recv"] = alltoall_variant(big, False)
-        runs["alltoall-round wait_all"] = alltoall_variant(bufs, True)
+    runs.update(_transport_pieces(tr, t, p, me))
     g = rt.world
     rec = C._meta_record(C.ALLREDUCE, t, 1, -1, "recursive_doubling")
-    runs["round"] = one_round
-    runs["alltoall-round"] = alltoall_round
     runs["meta"] = lambda: C._checked(rt, g, me, rt.next_tag(g), rec)
-    if args.engine:
-        from ringlet.engine import small
-
-        for name in args.engine.split(","):
-            base, _, spin = name.partition("@spin")
-            runner = small.benchmark_runner(base, rt, t)
-            if spin:  # the shm waiter's spin before sleeping, in microseconds, for this runner only
-                def runner(runner=runner, spin=float(spin) * 1e-6):
-                    old, tr._spin = tr._spin, spin
-                    try:
-                        runner()
-                    finally:
-                        tr._spin = old
-            runs[f"engine:{name}"] = runner
+    runs.update(_engine_pieces(args.engine, rt, t))
     res = _timed(runs, ringlet.barrier, args.iters, args.blocks)
     worst = {k: max(comm.allgather(v[0])) for k, v in res.items()}
     cpus = {k: comm.allgather(v[1]) for k, v in res.items()}

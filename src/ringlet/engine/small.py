@@ -1,23 +1,22 @@
-"""The small-message all-reduce: one round, metadata check included.
+"""The small-message all-reduce with the metadata check in the same messages (no round of its own).
 
-Every member hands its whole vector, with its metadata record in front, to every other member; each
-member compares the records (raising the same :class:`~ringlet.types.MismatchError` everywhere when
-they differ) and reduces the ``p`` vectors itself, in rank order, so every member computes the same
-bits. One round instead of the check's exchange plus ``⌈log₂p⌉`` rounds of recursive doubling: the
-right trade while ``(p-1)·n`` bytes cost less than the rounds saved (a few KiB on a 1 Gbit/s link,
-tens of KiB on shared memory).
+The metadata record of :mod:`ringlet.collectives` travels in front of the vector; every member ends
+with every member's record, compares them (raising the same :class:`~ringlet.types.MismatchError`
+everywhere when they differ, before ``flat`` is written) and holds the reduction, with the same bits
+on every member. Up to :data:`P2P_MAX_BYTES` / the mailbox's 64 KiB.
 
-Two carriers:
+Three carriers:
 
 * ``mailbox``: the shm transport's :meth:`~ringlet.transport.shm.ShmTransport.small_round` (world
-  groups only): one copy into the rank's own slot, one doorbell per peer, and the peers' vectors are
-  read in place. A mismatch of sizes is seen in the records before any payload is read.
+  groups only), one round: each member copies its vector into its own slot, the last to publish
+  wakes the others, and every member reduces the ``p`` slots in rank order. A mismatch of sizes is
+  seen in the records before any payload is read.
 * ``p2p-rd`` (the default on transports with ``irecv_upto``: MPI, in-process): recursive doubling
   with every member's record carried in band (:mod:`._rd_inband`): ``⌈log₂p⌉`` rounds, no round
   of its own for the check. On the emulated 1 Gbit/s cluster it beat the one-round ``p2p``, whose
   ``(p-1)`` incoming messages share one capped link and cost more CPU.
-* ``p2p``: one message per peer, received into a buffer of :data:`P2P_MAX_BYTES` so that a peer with
-  another size is named by its record instead of failing the receive.
+* ``p2p``: one round, one message per peer, received into a buffer of :data:`P2P_MAX_BYTES` so that a
+  peer with another size is named by its record instead of failing the receive; reduced in rank order.
 
 :func:`carrier` says which one applies (or ``None``: use the schedules); :func:`allreduce_` runs it.
 """
@@ -37,9 +36,10 @@ _HDR = 8  # p2p frame: payload bytes (int64), then the record, then the payload
 
 
 def carrier(rt, g, nbytes: int, limit: int | None = None) -> str | None:
-    """``"mailbox"``, ``"p2p"`` or ``None`` for an all-reduce of ``nbytes`` on group ``g``.
-
-    ``limit`` caps the payload (default: the carrier's own capacity)."""
+    """``"mailbox"`` (shm, world group), ``"p2p-rd"`` (transports with ``irecv_upto``) or ``None`` (use
+    the schedules) for an all-reduce of ``nbytes`` on group ``g``. ``limit`` caps the payload
+    (default: the carrier's own capacity). Every member must get the same answer, so callers pass
+    sizes that agree, or route a disagreement through :func:`check_records` on the same carrier."""
     tr = rt.transport
     if g.size < 2:
         return None
@@ -70,8 +70,8 @@ def pack(record: list[int] | None) -> bytes:
 
 def allreduce_(rt, g, grank: int, flat: torch.Tensor, op: int, record: list[int] | None, tag: int,
                how: str, src: torch.Tensor | None = None) -> None:
-    """``flat`` (1-D, contiguous) becomes the reduction of every member's vector, in one round over
-    carrier ``how`` (from :func:`carrier`). This member's vector is ``src`` (same dtype and size, e.g.
+    """``flat`` (1-D, contiguous) becomes the reduction of every member's vector over carrier ``how``
+    (from :func:`carrier`, or ``"p2p"``). This member's vector is ``src`` (same dtype and size, e.g.
     a prescaled copy) or ``flat`` itself. ``op`` is a ReduceOp value (AVG sums; the caller scales).
     With ``record`` (the metadata record of :mod:`ringlet.collectives`), every member checks every
     record first and raises MismatchError on all members if any differs; without it, only the sizes
