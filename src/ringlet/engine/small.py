@@ -148,16 +148,14 @@ def _mailbox(rt, g, grank: int, flat: torch.Tensor, op: int, rec: bytes, src: to
     seq = tr.small_round(rec, src, rt.options.timeout)
     box = tr.mailbox
     nbytes = flat.numel() * flat.element_size()
-    sizes = [box.payload_bytes(q, seq) for q in range(g.size)]
-    recs = [box.record(q, seq) for q in range(g.size)] if rec else []
-    if any(s != nbytes for s in sizes) or any(r != rec for r in recs):
-        _mismatch(g, recs, sizes)
+    if not box.agree(seq, rec, nbytes):
+        sizes = [box.payload_bytes(q, seq) for q in range(g.size)]
+        _mismatch(g, [box.record(q, seq) for q in range(g.size)] if rec else [], sizes)
     if not nbytes:
         return
-    n, dt = flat.numel(), flat.dtype
+    dt = flat.dtype
     # Our own contribution is read back from our slot: ``flat`` is overwritten with the result.
-    as_np = dt in _NP_DTYPES
-    _reduce_in_order(flat, [box.payload(q, seq, dt, n, as_np) for q in range(g.size)], op)
+    _reduce_in_order(flat, box.payloads(seq, dt, flat.numel(), dt in _NP_DTYPES), op)
 
 
 def _scratch(rt, nbytes: int, slots: int) -> torch.Tensor:
@@ -209,7 +207,8 @@ def benchmark_runner(name: str, rt, t: torch.Tensor):
     """A callable for benchmarks/small_profile.py. ``small``/``small-nocheck``: what ``ringlet.allreduce_(t)``
     would do with this path wired in (validation, tag, record, the one round, through the runtime's
     submit); ``small-raw``: the rounds alone with a prepared record (the engine's own cost);
-    ``small-raw:<carrier>``: the same on a given carrier (``p2p``: one round over point-to-point)."""
+    ``small-raw:<carrier>``: the same on a given carrier (``p2p``: one round over point-to-point);
+    ``small-lean``: :func:`_lean_runner`, a sketch of a lean per-call path for the collective layer."""
     from .. import collectives as C
     from ..types import ReduceOp
 
@@ -221,6 +220,8 @@ def benchmark_runner(name: str, rt, t: torch.Tensor):
         how = name.partition(":")[2] or carrier(rt, g, flat.numel() * flat.element_size())
         grank = g.rank_of(rt.rank)
         return lambda: allreduce_(rt, g, grank, flat, int(ReduceOp.SUM), rec, rt.next_tag(g), how)
+    if name == "small-lean":
+        return _lean_runner(rt, t)
 
     def run() -> torch.Tensor:
         C._check_tensor(t)
@@ -237,5 +238,32 @@ def benchmark_runner(name: str, rt, t: torch.Tensor):
             return t
 
         return rt.submit(body, sync=True).wait()
+
+    return run
+
+
+def _lean_runner(rt, t: torch.Tensor):
+    """What a lean synchronous ``allreduce_(t)`` could cost: the local checks, the record and carrier
+    looked up by (dtype, shape, op) instead of rebuilt, and the call run inline under the runtime's
+    execution lock instead of through ``submit`` (a ``Work`` with a ``threading.Event`` per call).
+    A real one must fall back to ``submit`` while asynchronous work is queued. Benchmarks only."""
+    from .. import collectives as C
+    from ..types import DTYPE_CODE, ReduceOp
+
+    g = rt.world
+    grank = g.rank_of(rt.rank)
+    cache: dict = {}
+
+    def run() -> torch.Tensor:
+        if t.dtype not in DTYPE_CODE or not t.is_contiguous():
+            raise ValueError("unsupported tensor")
+        key = (t.dtype, t.shape, 1)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = (C._meta_record(C.ALLREDUCE, t, ReduceOp.SUM, -1, "auto", 1.0, 1.0),
+                                carrier(rt, g, t.numel() * t.element_size()))
+        with rt._exec_lock:
+            allreduce_(rt, g, grank, t.view(-1), 1, hit[0], rt.next_tag(g), hit[1])
+        return t
 
     return run

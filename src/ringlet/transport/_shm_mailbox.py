@@ -154,6 +154,26 @@ class Mailbox:
         n = seg.words[off // 8 + 2]
         return bytes(seg.mm[off + _REC_OFF:off + _REC_OFF + min(n, RECORD_MAX)])
 
+    def agree(self, seq: int, record: bytes, nbytes: int) -> bool:
+        """True when every rank's round ``seq`` carries exactly ``record`` and ``nbytes`` payload bytes."""
+        off = self.offset + (seq & 1) * SLOT_BYTES
+        w, n = off // 8, len(record)
+        a = off + _REC_OFF
+        for seg in self.tr._segs:
+            words = seg.words
+            if words[w + 1] != nbytes or words[w + 2] != n or (n and seg.mm[a:a + n] != record):
+                return False
+        return True
+
+    def payloads(self, seq: int, dtype: torch.dtype, count: int, as_numpy: bool = False) -> list:
+        """Every rank's payload of round ``seq`` (see :meth:`payload`), in rank order."""
+        key = (seq & 1, dtype, count, as_numpy)
+        v = self._views.get(key)
+        if v is None:
+            v = [self.payload(q, seq, dtype, count, as_numpy) for q in range(self.size)]
+            self._views[key] = v
+        return v
+
     def payload_bytes(self, q: int, seq: int) -> int:
         return self.tr._segs[q].words[self._slot(q, seq) // 8 + 1]
 
