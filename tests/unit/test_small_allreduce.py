@@ -228,3 +228,15 @@ def test_check_records_meets_allreduce():
 
     assert shm_runtimes(2, ok) == [None, None]
     assert run_world(3, lambda r: ok(C.runtime())) == [None] * 3
+
+
+def test_exchange_records_ragged():
+    """The records are exchanged without comparing them (the ragged all-gather's first dimensions)."""
+    def fn(rt):
+        g = rt.world
+        entries = small.exchange_records(rt, g, rt.rank, [7, rt.rank * 10], rt.next_tag(g), small.carrier(rt, g, 0))
+        return [small.unpack(r) for _, r in entries]
+
+    want = [[[7, q * 10] for q in range(3)]] * 3
+    assert shm_runtimes(3, fn) == want
+    assert run_world(3, lambda r: fn(C.runtime())) == want

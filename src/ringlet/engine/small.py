@@ -95,21 +95,33 @@ def allreduce_(rt, g, grank: int, flat: torch.Tensor, op: int, record: list[int]
         raise ValueError(f"unknown small all-reduce carrier {how!r}")
 
 
-def check_records(rt, g, grank: int, record: list[int], tag: int, how: str) -> None:
-    """The metadata check alone over carrier ``how`` (``mailbox``: one round, no payload; ``p2p-rd``:
-    the in-band rounds without a vector): MismatchError on every member if the records differ.
-    Every checked collective should check through here on transports where small all-reduces take
-    :func:`allreduce_`, so that a member calling another collective meets the all-reduce in the same
-    exchange (and both raise) instead of waiting on another channel."""
+def exchange_records(rt, g, grank: int, record: list[int], tag: int, how: str) -> list[tuple[int, bytes]]:
+    """Every member's ``(payload bytes, packed record)`` in group-rank order, over carrier ``how``
+    (``mailbox``: one round, no payload; ``p2p-rd``: the in-band rounds without a vector, messages
+    of step ``s`` on tag ``tag + s``). Nothing is compared: the ragged all-gather reads the first
+    dimensions from the records (``struct.unpack`` them, or :func:`unpack`)."""
     rec = pack(record)
     if how == "mailbox":
         seq = rt.transport.small_round(rec, None, rt.options.timeout)
         box = rt.transport.mailbox
-        entries = [(box.payload_bytes(q, seq), box.record(q, seq)) for q in range(g.size)]
-    elif how == "p2p-rd":
-        entries, _ = allreduce_rd(rt, g, grank, None, 0, rec, tag, None, P2P_MAX_BYTES)
-    else:
-        raise ValueError(f"check_records has no carrier {how!r}")
+        return [(box.payload_bytes(q, seq), box.record(q, seq)) for q in range(g.size)]
+    if how == "p2p-rd":
+        return allreduce_rd(rt, g, grank, None, 0, rec, tag, None, P2P_MAX_BYTES)[0]
+    raise ValueError(f"no record exchange over carrier {how!r}")
+
+
+def unpack(raw: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(raw) // 8}q", raw))
+
+
+def check_records(rt, g, grank: int, record: list[int], tag: int, how: str) -> None:
+    """The metadata check alone (:func:`exchange_records`, then MismatchError on every member if any
+    record differs or a member sent a vector). Every checked collective should check through here on
+    transports where small all-reduces take :func:`allreduce_`, so that a member calling another
+    collective, or an all-reduce of another size, meets the small all-reduce in the same exchange
+    (and both raise) instead of waiting on another channel."""
+    entries = exchange_records(rt, g, grank, record, tag, how)
+    rec = pack(record)
     if any(r != rec or n for n, r in entries):
         _mismatch(g, [r for _, r in entries], [n for n, _ in entries])
 
