@@ -131,6 +131,46 @@ def dead_receiver(tr: ShmTransport) -> dict:
         return {"error": "CollectiveTimeout", "message": str(exc)}
 
 
+def mailbox(tr: ShmTransport) -> dict:
+    """engine.small over the mailbox between processes: 300 rounds of changing sizes and dtypes (both
+    slots reused many times), a shape mismatch every rank must report, then the last rank dies in the
+    middle of a round and the others must get PeerError, not a hang."""
+    from ringlet import collectives as C
+    from ringlet.engine import small
+    from ringlet.runtime import Runtime
+    from ringlet.types import MismatchError, Options, ReduceOp
+
+    rt = Runtime(tr, Options(timeout=60))
+    g, me, p = rt.world, tr.rank, tr.size
+    ok, dtypes = [], (torch.float32, torch.int64, torch.float16, torch.int8)
+
+    def run(t, op=ReduceOp.SUM):
+        flat = t.clone()
+        rec = C._meta_record(C.ALLREDUCE, t, op, -1, "auto")
+        small.allreduce_(rt, g, me, flat, int(op), rec, rt.next_tag(g), small.carrier(rt, g, t.numel() * t.element_size()))
+        return flat
+
+    for k in range(300):
+        n, dt = (1, 7, 1000, 8192)[k % 4], dtypes[k % 3]
+        base = (torch.arange(n) % 5).to(dt)
+        ok.append(bool(torch.equal(run(base + me), base * p + sum(range(p)))))
+    try:
+        run(torch.ones(3 if me == 0 else 4))
+        mismatch = None
+    except MismatchError as exc:
+        mismatch = str(exc)
+    ok.append(bool(torch.equal(run(torch.ones(4)), torch.full((4,), float(p)))))
+    if me == p - 1:
+        os._exit(17)
+    start = time.monotonic()
+    try:
+        run(torch.ones(4))
+        error = None
+    except PeerError as exc:
+        error = str(exc)
+    return {"ok": ok, "mismatch": mismatch, "error": error, "seconds": time.monotonic() - start}
+
+
 def suite(tr: ShmTransport) -> dict:
     """exchange, fifo and allreduce in one job (starting processes is the slow part of these tests)."""
     out = exchange(tr)
@@ -139,7 +179,7 @@ def suite(tr: ShmTransport) -> dict:
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (exchange, fifo, allreduce, dead_peer, dead_receiver, suite)}
+SCENARIOS = {f.__name__: f for f in (exchange, fifo, allreduce, dead_peer, dead_receiver, suite, mailbox)}
 
 
 def main() -> None:

@@ -84,6 +84,20 @@ def test_dead_peer_raises_peer_error(tmp_path):
     no_segments_left(results)
 
 
+@pytest.mark.parametrize("p", [2, 4])
+def test_mailbox_small_allreduce(p, tmp_path):
+    """The one-round small all-reduce (engine.small over the shm mailbox) between real processes: 300
+    exact rounds, the same MismatchError on every rank, and PeerError when a rank dies mid-round."""
+    codes, results = launch("mailbox", p, tmp_path)
+    assert codes == [0] * (p - 1) + [17]
+    for r in range(p - 1):
+        res = results[r]
+        assert all(res["ok"]) and len(res["ok"]) == 301, res["ok"]
+        assert "shape" in res["mismatch"] and res["mismatch"] == results[0]["mismatch"]
+        assert res["error"] is not None and f"rank {p - 1}" in res["error"], res
+    no_segments_left(results)
+
+
 @pytest.mark.parametrize("mode", ["eager", "cma"])
 def test_dead_receiver_fails_the_send(mode, tmp_path):
     codes, results = launch("dead_receiver", 2, tmp_path, MODES[mode])

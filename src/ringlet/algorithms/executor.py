@@ -66,20 +66,76 @@ class _Run:
 
 @functools.lru_cache(maxsize=512)
 def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
-    """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements."""
-    segment = max(1, segment)
-    nsteps = schedule.num_steps
-    sends: list[list[tuple]] = [[] for _ in range(nsteps)]
-    recvs: list[list[tuple]] = [[] for _ in range(nsteps)]
-    for s, t in schedule.transfers():
-        if t.src == rank:
-            sends[s].append((t.dst, t.src_buf, t.offset, t.count))
-        if t.dst == rank:
-            recvs[s].append((t.src, t.dst_buf, t.recv_offset, t.count, t.reduce))
+    """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
-    by_step = [list(step) for step in schedule.steps]
+    The plan's messages are the transfers cut into segments; its actions post every receive one
+    step ahead, post each send segment as soon as the received segments it depends on are applied,
+    and wait for earlier sends whose range a receive or an apply would overwrite (see _PlanBuilder).
+    """
+    return _PlanBuilder(schedule, rank, max(1, segment)).build()
 
-    def answers(s: int, peer: int, sd: tuple) -> bool:
+
+class _Streams:
+    """Sends of one step, per peer, posted strictly in schedule order (FIFO matching)."""
+
+    def __init__(self, pb: "_PlanBuilder", step: int):
+        self.pb = pb
+        self.queues: dict[int, list[int]] = {}
+        for mid in pb.ids(pb.send_runs[step]):
+            self.queues.setdefault(pb.msgs[mid].peer, []).append(mid)
+        self.cursor = {peer: 0 for peer in self.queues}
+        self.ready: set[int] = set()
+
+    def mark(self, mid: int) -> None:
+        self.ready.add(mid)
+        self.advance(self.pb.msgs[mid].peer)
+
+    def advance(self, peer: int, force: bool = False) -> None:
+        q, i = self.queues[peer], self.cursor[peer]
+        while i < len(q) and (force or q[i] in self.ready):
+            self.pb.actions.append((POST_SEND, q[i]))
+            self.pb.outstanding.add(q[i])
+            i += 1
+        self.cursor[peer] = i
+
+    def flush(self) -> None:
+        for peer in self.queues:
+            self.advance(peer, force=True)
+
+
+class _PlanBuilder:
+    """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
+    (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
+
+    def __init__(self, schedule: Schedule, rank: int, segment: int):
+        self.rank, self.segment = rank, segment
+        self.nsteps = nsteps = schedule.num_steps
+        self.sends: list[list[tuple]] = [[] for _ in range(nsteps)]
+        self.recvs: list[list[tuple]] = [[] for _ in range(nsteps)]
+        for s, t in schedule.transfers():
+            if t.src == rank:
+                self.sends[s].append((t.dst, t.src_buf, t.offset, t.count))
+            if t.dst == rank:
+                self.recvs[s].append((t.src, t.dst_buf, t.recv_offset, t.count, t.reduce))
+        self.by_step = [list(step) for step in schedule.steps]
+        self.msgs: list[Msg] = []
+        self.send_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
+        self.recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
+        self.actions: list[tuple] = []
+        self.outstanding: set[int] = set()  # posted sends not yet waited for
+        self.scratch_need = [0, 0]
+
+    def build(self) -> Plan:
+        self.segment_messages()
+        if self.nsteps:
+            self.post_recvs(0)
+            _Streams(self, 0).flush()
+        for s in range(self.nsteps):
+            self.run_step(s)
+        scratch = 2 * max(self.scratch_need) if self.nsteps else 0
+        return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), scratch)
+
+    def answers(self, s: int, peer: int, sd: tuple) -> bool:
         """True when ``peer``'s step-``s`` message to ``rank`` can only start after ``peer`` has fully
         received ``rank``'s step ``s-1`` send ``sd``: ``peer`` forwards the very range ``sd`` landed in.
 
@@ -88,6 +144,7 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
         ``sd`` left this rank's buffer, whatever the transport (this is what lets the all-gather
         half of an all-reduce receive in place: the reduced chunk comes back from the rank it was
         sent to)."""
+        rank, by_step = self.rank, self.by_step
         back = [t for t in by_step[s] if t.src == peer and t.dst == rank]
         mine = [t for t in by_step[s - 1] if t.src == rank and t.dst == peer
                 and (t.src_buf, t.offset, t.count) == (sd[1], sd[2], sd[3])]
@@ -98,136 +155,110 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
                    and t.offset + t.count <= t_in.offset + t_in.count for t in back
                    if _overlap(t.dst_buf, t.offset, t.count, sd[1], sd[2], sd[3]))
 
-    # A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else touches
-    # that range while it is in flight. It is posted one step ahead and waited for in its own step,
-    # so in flight with it are: receives of steps s-1..s+1, and sends of steps s-1 and s. A send of
-    # step s-1 to the same peer is harmless when that peer's reply depends on it (``answers``).
-    # Older sends of the range are waited for before the receive is posted.
-    def can_direct(s: int, i: int) -> bool:
-        peer, b, off, cnt, red = recvs[s][i]
+    def can_direct(self, s: int, i: int) -> bool:
+        """A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else
+        touches that range while it is in flight. It is posted one step ahead and waited for in its
+        own step, so in flight with it are: receives of steps s-1..s+1, and sends of steps s-1 and s.
+        A send of step s-1 to the same peer is harmless when that peer's reply depends on it
+        (``answers``). Older sends of the range are waited for before the receive is posted."""
+        peer, b, off, cnt, red = self.recvs[s][i]
         if red:
             return False
-        for s2 in range(max(0, s - 1), min(nsteps, s + 2)):
-            for j, r in enumerate(recvs[s2]):
+        for s2 in range(max(0, s - 1), min(self.nsteps, s + 2)):
+            for j, r in enumerate(self.recvs[s2]):
                 if (s2, j) != (s, i) and _overlap(b, off, cnt, r[1], r[2], r[3]):
                     return False
         for s2 in (s - 1, s):
-            for sd in sends[s2] if s2 >= 0 else ():
+            for sd in self.sends[s2] if s2 >= 0 else ():
                 if _overlap(b, off, cnt, sd[1], sd[2], sd[3]) and not (
-                        s2 == s - 1 and sd[0] == peer and answers(s, peer, sd)):
+                        s2 == s - 1 and sd[0] == peer and self.answers(s, peer, sd)):
                     return False
         return True
 
-    msgs: list[Msg] = []
-    send_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
-    recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
-    scratch_need = [0, 0]
-    for s in range(nsteps):
-        for peer, b, off, cnt in sends[s]:
-            first = len(msgs)
-            for o in range(off, off + cnt, segment):
-                msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), True, False, False, 0))
-            send_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
-        used = 0
-        for i, (peer, b, off, cnt, red) in enumerate(recvs[s]):
-            direct = can_direct(s, i)
-            first = len(msgs)
-            for o in range(off, off + cnt, segment):
-                n = min(segment, off + cnt - o)
-                msgs.append(Msg(peer, s, b, o, n, False, red, direct, 0 if direct else used))
-                if not direct:
-                    used += n
-            recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
-        scratch_need[s % 2] = max(scratch_need[s % 2], used)
-    # Scratch alternates between two halves: step s+1 is received while step s is applied.
-    half = scratch_need[0]
-    msgs = [m if m.is_send or m.direct or m.step % 2 == 0 else
-            Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
-            for m in msgs]
+    def segment_messages(self) -> None:
+        """Cut every transfer into segments (``msgs``) and lay out the scratch of non-direct receives."""
+        msgs, segment = self.msgs, self.segment
+        for s in range(self.nsteps):
+            for peer, b, off, cnt in self.sends[s]:
+                first = len(msgs)
+                for o in range(off, off + cnt, segment):
+                    msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), True, False, False, 0))
+                self.send_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
+            used = 0
+            for i, (peer, b, off, cnt, red) in enumerate(self.recvs[s]):
+                direct = self.can_direct(s, i)
+                first = len(msgs)
+                for o in range(off, off + cnt, segment):
+                    n = min(segment, off + cnt - o)
+                    msgs.append(Msg(peer, s, b, o, n, False, red, direct, 0 if direct else used))
+                    if not direct:
+                        used += n
+                self.recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
+            self.scratch_need[s % 2] = max(self.scratch_need[s % 2], used)
+        # Scratch alternates between two halves: step s+1 is received while step s is applied.
+        half = self.scratch_need[0]
+        self.msgs = [m if m.is_send or m.direct or m.step % 2 == 0 else
+                     Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
+                     for m in msgs]
 
+    @staticmethod
     def ids(runs: list[_Run]) -> list[int]:
         return [i for run in runs for i in range(run.first, run.first + run.nseg)]
 
-    actions: list[tuple] = []
-    outstanding: set[int] = set()  # posted sends not yet waited for
+    def _hazards(self, r: Msg, runs: list[_Run]) -> tuple[int, ...]:
+        """Outstanding send segments of ``runs`` overlapping message ``r``; they count as waited for."""
+        hazards: list[int] = []
+        for sr in runs:
+            hazards.extend(i for i in sr.seg_range(r.buf, r.offset, r.offset + r.count, self.segment)
+                           if i in self.outstanding)
+        self.outstanding.difference_update(hazards)
+        return tuple(hazards)
 
-    class _Streams:
-        """Sends of one step, per peer, posted strictly in schedule order (FIFO matching)."""
-
-        def __init__(self, step: int):
-            self.queues: dict[int, list[int]] = {}
-            for mid in ids(send_runs[step]):
-                self.queues.setdefault(msgs[mid].peer, []).append(mid)
-            self.cursor = {peer: 0 for peer in self.queues}
-            self.ready: set[int] = set()
-
-        def mark(self, mid: int) -> None:
-            self.ready.add(mid)
-            self.advance(msgs[mid].peer)
-
-        def advance(self, peer: int, force: bool = False) -> None:
-            q, i = self.queues[peer], self.cursor[peer]
-            while i < len(q) and (force or q[i] in self.ready):
-                actions.append((POST_SEND, q[i]))
-                outstanding.add(q[i])
-                i += 1
-            self.cursor[peer] = i
-
-        def flush(self) -> None:
-            for peer in self.queues:
-                self.advance(peer, force=True)
-
-    def post_recvs(step: int) -> None:
-        for run in recv_runs[step]:
-            older = [sr for s2 in range(step - 1) for sr in send_runs[s2]
+    def post_recvs(self, step: int) -> None:
+        for run in self.recv_runs[step]:
+            older = [sr for s2 in range(step - 1) for sr in self.send_runs[s2]
                      if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
             for rid in range(run.first, run.first + run.nseg):
-                r = msgs[rid]
-                hazards: list[int] = []
-                if r.direct:
-                    for sr in older:
-                        hazards.extend(i for i in sr.seg_range(r.buf, r.offset, r.offset + r.count, segment)
-                                       if i in outstanding)
-                    outstanding.difference_update(hazards)
-                actions.append((POST_RECV, rid, tuple(hazards)))
+                r = self.msgs[rid]
+                hazards = self._hazards(r, older) if r.direct else ()
+                self.actions.append((POST_RECV, rid, hazards))
 
-    if nsteps:
-        post_recvs(0)
-        _Streams(0).flush()
-    for s in range(nsteps):
-        # unlocks[rid]: sends of step s+1 whose last input segment is the received segment rid.
+    def unlocks(self, s: int, nxt: _Streams) -> dict[int, list[int]]:
+        """Sends of step s+1 keyed by the received segment of step s that completes their input;
+        those depending on nothing received in step s are marked ready at once."""
+        out: dict[int, list[int]] = {}
+        for mid in self.ids(self.send_runs[s + 1]):
+            m = self.msgs[mid]
+            last = -1
+            for run in self.recv_runs[s]:
+                r = run.seg_range(m.buf, m.offset, m.offset + m.count, self.segment)
+                if r:
+                    last = max(last, r[-1])
+            if last < 0:
+                nxt.mark(mid)
+            else:
+                out.setdefault(last, []).append(mid)
+        return out
+
+    def run_step(self, s: int) -> None:
+        """Post step s+1's receives, apply step s's received segments in order, releasing the sends
+        of step s+1 that each one completes, then flush the rest of step s+1's sends."""
+        nxt = _Streams(self, s + 1) if s + 1 < self.nsteps else None
         unlocks: dict[int, list[int]] = {}
-        nxt = _Streams(s + 1) if s + 1 < nsteps else None
         if nxt is not None:
-            post_recvs(s + 1)
-            for mid in ids(send_runs[s + 1]):
-                m = msgs[mid]
-                last = -1
-                for run in recv_runs[s]:
-                    r = run.seg_range(m.buf, m.offset, m.offset + m.count, segment)
-                    if r:
-                        last = max(last, r[-1])
-                if last < 0:
-                    nxt.mark(mid)
-                else:
-                    unlocks.setdefault(last, []).append(mid)
-        for run in recv_runs[s]:
-            writers_hazard = [sr for s2 in range(s + 1) for sr in send_runs[s2]
+            self.post_recvs(s + 1)
+            unlocks = self.unlocks(s, nxt)
+        for run in self.recv_runs[s]:
+            writers_hazard = [sr for s2 in range(s + 1) for sr in self.send_runs[s2]
                               if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
             for rid in range(run.first, run.first + run.nseg):
-                r = msgs[rid]
-                hazards: list[int] = []
-                if writers_hazard and not r.direct:
-                    for sr in writers_hazard:
-                        hazards.extend(i for i in sr.seg_range(r.buf, r.offset, r.offset + r.count, segment)
-                                       if i in outstanding)
-                    outstanding.difference_update(hazards)
-                actions.append((APPLY, rid, tuple(hazards)))
+                r = self.msgs[rid]
+                hazards = self._hazards(r, writers_hazard) if writers_hazard and not r.direct else ()
+                self.actions.append((APPLY, rid, hazards))
                 for mid in unlocks.get(rid, ()):
                     nxt.mark(mid)
         if nxt is not None:
             nxt.flush()
-    return Plan(tuple(msgs), tuple(actions), tuple(sorted(outstanding)), 2 * max(scratch_need) if nsteps else 0)
 
 
 def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,8 @@ def _attach(me: int, r: int, path: str, size: int) -> R.Segment:
     except FileNotFoundError:
         raise ValueError(f"rank {me}: cannot open rank {r}'s shared-memory segment {path}: all ranks of the "
                          f"shm transport must run on one host and share /dev/shm") from None
-    if seg.words[R.H_MAGIC // 8] != R.MAGIC or seg.words[R.H_SIZE // 8] != size:
+    if (seg.words[R.H_MAGIC // 8] != R.MAGIC or seg.words[R.H_SIZE // 8] != size
+            or seg.words[R.H_VERSION // 8] != R.VERSION):
         seg.close()
         raise RingletError(f"rank {me}: rank {r}'s segment {path} has an unexpected layout")
     return seg

@@ -6,6 +6,7 @@ One segment per rank, owned by that rank as a *receiver*::
                   the owner's doorbell (a process-shared POSIX semaphore), cma_ok[p]
     per sender s  a control page (head @0, tail @64, NSLOTS completion slots @128)
                   followed by ``capacity`` bytes of ring data
+    mailbox       two slots written only by the owner (:mod:`._shm_mailbox`)
 
 A ring is single-producer (sender ``s``) / single-consumer (the owner). ``head`` and ``tail`` are
 monotonic byte counters (never wrapped); the data position is ``counter % capacity``. Every frame
@@ -45,7 +46,7 @@ import time
 
 PAGE = 4096
 MAGIC = 0x524E474C54534D31  # "RNGLTSM1"
-VERSION = 1
+VERSION = 2
 
 # Header page (byte offsets).
 H_MAGIC, H_VERSION, H_SIZE, H_CAP, H_PID, H_CLOSED = 0, 8, 16, 24, 32, 40
@@ -58,6 +59,11 @@ H_CMA_OK = 128  # one byte per sender: 1 if the owner can read that sender's mem
 C_HEAD, C_TAIL, C_SLOTS = 0, 64, 128
 NSLOTS = 256  # CMA completion slots: ticket t is acknowledged by storing t into slot t % NSLOTS
 CTRL_BYTES = PAGE
+
+# After the rings: the mailbox of :mod:`._shm_mailbox`, two slots of a header page and a payload.
+MAILBOX_SLOT_HEADER = PAGE
+MAILBOX_PAYLOAD = 64 << 10
+MAILBOX_SLOT = MAILBOX_SLOT_HEADER + MAILBOX_PAYLOAD
 
 FRAME = 64  # frame header size and alignment of everything in a ring
 EAGER, CMA = 0, 1
@@ -78,8 +84,12 @@ def header_bytes(size: int) -> int:
     return (H_CMA_OK + 2 * size + PAGE - 1) // PAGE * PAGE
 
 
-def segment_bytes(size: int, capacity: int) -> int:
+def mailbox_offset(size: int, capacity: int) -> int:
     return header_bytes(size) + max(0, size - 1) * (CTRL_BYTES + capacity)
+
+
+def segment_bytes(size: int, capacity: int) -> int:
+    return mailbox_offset(size, capacity) + 2 * MAILBOX_SLOT
 
 
 def ring_offset(owner: int, sender: int, size: int, capacity: int) -> int:

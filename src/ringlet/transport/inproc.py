@@ -196,9 +196,15 @@ class InprocTransport(Transport):
         return out
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        return self._irecv(_RecvHandle(self.world, buf, (peer, self.rank, tag)), peer)
+
+    def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        """Like :meth:`irecv`, but a message shorter than ``buf`` fills its front (MPI's semantics)."""
+        return self._irecv(_RecvUpto(self.world, buf, (peer, self.rank, tag)), peer)
+
+    def _irecv(self, h: "_RecvHandle", peer: int) -> Handle:
         w = self.world
-        key = (peer, self.rank, tag)
-        h = _RecvHandle(w, buf, key)
+        key = h.key
         with w.cond:
             self._check_alive(peer)
             queued = w.unexpected.get(key)
@@ -217,8 +223,17 @@ def _pair(h: _RecvHandle, send: _LazySend) -> None:
     h.src, send.dst = send, h
 
 
+class _RecvUpto(_RecvHandle):
+    """A receive that accepts any message of the same dtype no longer than its buffer."""
+
+    __slots__ = ()
+
+
 def _deliver(h: _RecvHandle, data: torch.Tensor) -> None:
-    if data.numel() != h.buf.numel() or data.dtype != h.buf.dtype:
+    if isinstance(h, _RecvUpto) and data.dtype == h.buf.dtype and data.numel() <= h.buf.numel():
+        h.buf[:data.numel()].copy_(data)
+        h.finished = True
+    elif data.numel() != h.buf.numel() or data.dtype != h.buf.dtype:
         h.error = PeerError(
             f"rank {h.key[1]}: message from rank {h.key[0]} has {data.numel()} x {data.dtype}, "
             f"expected {h.buf.numel()} x {h.buf.dtype}"

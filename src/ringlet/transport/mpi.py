@@ -10,8 +10,10 @@ its communication thread, never from both at once.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import threading
 import time
 
 import torch
@@ -19,11 +21,30 @@ import torch
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
 from .base import Handle, Transport
 
-# Polling a request: spin briefly (latency), then yield, then sleep with a growing pause so that
-# waiting ranks leave the cores to the ranks doing work (CPU oversubscription is common on CI).
+# Polling a request: spin briefly (latency), yield for a moment, then sleep in short naps (one Test
+# per nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to
+# the ranks doing work (CPU oversubscription is common on CI) and do not burn a CPU quota: a host
+# limited to half a CPU that yields for milliseconds per message is throttled for the rest of the
+# quota period (benchmarks/results/small_messages_s9.md). Environment knobs for experiments.
 _SPIN_TESTS = 8
-_YIELD_SECONDS = 2e-3
+_YIELD_SECONDS = float(os.environ.get("RINGLET_MPI_YIELD_US") or 50) * 1e-6
+_NAP = float(os.environ.get("RINGLET_MPI_NAP_US") or 20) * 1e-6
+_NAP_SECONDS = 2e-3  # then the pause doubles up to _MAX_SLEEP
 _MAX_SLEEP = 5e-4
+# A nap of 20 us lasts 70-80 us with Linux's default timer slack (50 us): a thread that waits for MPI
+# requests gets a slack of 1 us (prctl PR_SET_TIMERSLACK; it only lets the kernel coalesce wake-ups).
+_SLACK_NS = int(os.environ.get("RINGLET_MPI_TIMERSLACK_NS") or 1000)
+_slack_set = threading.local()
+
+
+def _tight_timers() -> None:
+    if _SLACK_NS <= 0 or getattr(_slack_set, "done", False):
+        return
+    _slack_set.done = True
+    try:
+        ctypes.CDLL(None).prctl(29, ctypes.c_ulong(_SLACK_NS), 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass
 
 
 _MPI = None
@@ -60,20 +81,28 @@ def _as_bytes(buf: torch.Tensor):
 
 def _wait_request(req, timeout: float | None, describe) -> None:
     """Poll ``req.Test()`` until it completes or ``timeout`` seconds pass (then CollectiveTimeout)."""
+    _wait_until(req.Test, timeout, describe)
+
+
+def _wait_until(test, timeout: float | None, describe) -> None:
+    """Call ``test()`` (an MPI Test*) until it returns true, spinning, yielding, then napping."""
     MPI = _mpi()
     try:
         for _ in range(_SPIN_TESTS):
-            if req.Test():
+            if test():
                 return
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        pause = 1e-6
-        while not req.Test():
+        pause = _NAP
+        while not test():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise CollectiveTimeout(f"{describe()} timed out after {timeout:.1f}s")
             if now - start < _YIELD_SECONDS:
                 os.sched_yield()
+            elif now - start < _NAP_SECONDS:
+                _tight_timers()
+                time.sleep(_NAP)
             else:
                 time.sleep(pause)
                 pause = min(pause * 2, _MAX_SLEEP)
@@ -179,6 +208,26 @@ class MPITransport(Transport):
             raise PeerError(f"rank {self.rank}: receive from rank {peer} (tag {tag}) failed: "
                             f"{exc.Get_error_string()}") from exc
         return MPIHandle(req, self.rank, peer, tag, "receive", buf)
+
+    def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        """A receive that a message shorter than ``buf`` completes too (MPI's own rule): the small
+        all-reduce of :mod:`ringlet.engine.small` posts one buffer for any size up to its limit."""
+        return self.irecv(buf, peer, tag)
+
+    def wait_all(self, handles, timeout: float | None = None) -> None:
+        """Wait for every handle of this transport with one ``MPI_Testall`` per poll (one progress pass
+        for all of them, instead of a poll loop per handle)."""
+        MPI = _mpi()
+        todo = [h for h in handles if not h.finished]
+        if not todo:
+            return
+        reqs = [h.req for h in todo]
+        _wait_until(lambda: MPI.Request.Testall(reqs), timeout,
+                    lambda: f"rank {self.rank}: {len(todo)} sends/receives with ranks "
+                            f"{sorted({h.peer for h in todo})}")
+        for h in todo:
+            h.finished = True
+            h.keep = None
 
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
         """``MPI_Iallreduce(IN_PLACE)`` on the communicator of ``ranks``; AVG runs as SUM (the collective

@@ -30,7 +30,6 @@ Only x86 (TSO) is supported; the memory-ordering argument is in :mod:`._shm_ring
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import threading
 import time
@@ -41,6 +40,9 @@ import torch
 from ..types import CollectiveTimeout, PeerError, RingletError
 from . import _shm_boot as B
 from . import _shm_ring as R
+from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove
+from ._shm_mailbox import Mailbox
+from ._shm_progress import Progress
 from .base import COMPLETED, Handle, Transport
 
 _CHECK_EVERY = 0.1  # seconds between liveness checks while blocked; also the longest doorbell sleep
@@ -94,110 +96,8 @@ class ShmOptions:
         return 50e-6 if size <= cores else 0.0
 
 
-# ---- handles and frames -----------------------------------------------------------------------
-class _Op(Handle):
-    """A pending send or receive. ``finished``/``error`` are only changed under the transport lock."""
-
-    __slots__ = ("tr", "peer", "tag", "buf", "addr", "nbytes", "finished", "error")
-
-    def __init__(self, tr: "ShmTransport", buf: torch.Tensor, peer: int, tag: int):
-        self.tr = tr
-        self.peer = peer
-        self.tag = tag
-        self.buf = buf  # keeps the memory alive while the operation is in flight
-        self.addr = buf.data_ptr()
-        self.nbytes = buf.nbytes
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def done(self) -> bool:
-        return self.tr._poll(self)
-
-    def wait(self, timeout: float | None = None) -> None:
-        self.tr._wait(self, timeout)
-
-    def _finish(self) -> None:
-        self.finished = True
-        self.buf = None
-
-
-class _Send(_Op):
-    __slots__ = ("kind", "sent", "ticket")
-
-    def __init__(self, tr, buf, peer, tag):
-        super().__init__(tr, buf, peer, tag)
-        self.kind = R.EAGER
-        self.sent = -1  # ring bytes of the payload written; -1 until the frame header is written
-        self.ticket = 0
-
-    def describe(self) -> str:
-        return f"sending {self.nbytes} bytes to rank {self.peer} (tag {self.tag})"
-
-
-class _Recv(_Op):
-    __slots__ = ()
-
-    def describe(self) -> str:
-        return f"receiving {self.nbytes} bytes from rank {self.peer} (tag {self.tag})"
-
-
-class _Frame:
-    """An incoming message, from its header onwards. Unmatched frames wait in ``_unexpected``."""
-
-    __slots__ = ("peer", "tag", "nbytes", "kind", "raddr", "ticket", "got", "dest", "keep", "handle",
-                 "complete")
-
-    def __init__(self, peer: int, tag: int, nbytes: int, kind: int, raddr: int, ticket: int):
-        self.peer, self.tag, self.nbytes, self.kind = peer, tag, nbytes, kind
-        self.raddr, self.ticket = raddr, ticket
-        self.got = 0  # ring bytes of the payload consumed (padded)
-        self.dest: int | None = None  # where the payload goes; None discards it
-        self.keep: torch.Tensor | None = None  # private buffer of an unmatched eager frame
-        self.handle: _Recv | None = None
-        self.complete = False
-
-
-class _Out:
-    """Sender side of ring ``self -> peer`` (it lives in the peer's segment)."""
-
-    __slots__ = ("peer", "seg", "cap", "data", "data_off", "head_i", "tail_i", "slot_i", "head", "queue",
-                 "cma_ok", "next_ticket", "cma_pending")
-
-    def __init__(self, me: int, peer: int, seg: R.Segment, size: int):
-        cap = seg.words[R.H_CAP // 8]
-        ctrl = R.ring_offset(peer, me, size, cap)
-        self.peer, self.seg, self.cap = peer, seg, cap
-        self.data_off = ctrl + R.CTRL_BYTES
-        self.data = seg.addr + self.data_off
-        self.head_i, self.tail_i, self.slot_i = (ctrl + R.C_HEAD) // 8, (ctrl + R.C_TAIL) // 8, (ctrl + R.C_SLOTS) // 8
-        self.head = seg.words[self.head_i]
-        self.queue: collections.deque[_Send] = collections.deque()
-        self.cma_ok = False
-        self.next_ticket = 1
-        self.cma_pending: dict[int, _Send] = {}  # ticket -> CMA send not acknowledged yet
-
-
-class _In:
-    """Receiver side of ring ``peer -> self`` (it lives in our own segment)."""
-
-    __slots__ = ("peer", "cap", "data", "data_off", "head_i", "tail_i", "slot_i", "tail", "frame")
-
-    def __init__(self, me: int, peer: int, seg: R.Segment, size: int):
-        cap = seg.words[R.H_CAP // 8]
-        ctrl = R.ring_offset(me, peer, size, cap)
-        self.peer, self.cap = peer, cap
-        self.data_off = ctrl + R.CTRL_BYTES
-        self.data = seg.addr + self.data_off
-        self.head_i, self.tail_i, self.slot_i = (ctrl + R.C_HEAD) // 8, (ctrl + R.C_TAIL) // 8, (ctrl + R.C_SLOTS) // 8
-        self.tail = seg.words[self.tail_i]
-        self.frame: _Frame | None = None  # eager frame whose payload is still streaming in
-
-
-_memmove = ctypes.memmove  # releases the GIL; glibc fences its streaming stores (see _shm_ring)
-
-
 # ---- the transport ----------------------------------------------------------------------------
-class ShmTransport(Transport):
+class ShmTransport(Progress, Transport):
     """Point-to-point over shared memory between the processes of one host.
 
     Build it with :meth:`from_env` (torchrun's environment) or directly from any
@@ -205,6 +105,7 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
+    mailbox_payload_max = R.MAILBOX_PAYLOAD
 
     @classmethod
     def available(cls) -> bool:
@@ -251,6 +152,7 @@ class ShmTransport(Transport):
         self._self_unexpected: dict[int, collections.deque[torch.Tensor]] = {}
         self._path: str | None = None  # own segment, unlinked once every rank has mapped it
         self._cma_min = max(1, self.options.cma_min_bytes)
+        self.mailbox: Mailbox | None = None  # one-round small all-gathers of the world (size > 1)
         if size > 1:
             self._connect(store, timeout)
 
@@ -290,6 +192,19 @@ class ShmTransport(Transport):
                 o.cma_ok = self.options.cma and seg.mm[R.H_CMA_OK + me] == 1
                 self._outs[r] = o
                 self._ins.append(_In(me, r, own, self.size))
+        self.mailbox = Mailbox(self, R.mailbox_offset(self.size, own.words[R.H_CAP // 8]))
+
+    # ---- one-round small all-gather (world only) -----------------------------------------------
+    def small_round(self, record: bytes, payload: torch.Tensor | None, timeout: float | None) -> int:
+        """Every rank of the world publishes ``record`` (bytes) and ``payload`` (at most
+        ``mailbox_payload_max`` bytes) and returns once it can read every rank's; the returned round
+        number indexes ``self.mailbox.record(q, seq)`` / ``.payload(q, seq, dtype, count)``, valid until
+        this rank's next round. Every rank must call it, in the same order as its other collectives."""
+        if self.mailbox is None:
+            raise ValueError("a world of one rank has no mailbox")
+        seq = self.mailbox.publish(record, payload)
+        self.mailbox.wait(seq, timeout, _CHECK_EVERY)
+        return seq
 
     # ---- posting ------------------------------------------------------------------------------
     def _check(self, buf: torch.Tensor, peer: int) -> None:
@@ -384,191 +299,6 @@ class ShmTransport(Transport):
         self._cond.notify_all()
         if self._doorbells[self.rank]:
             self._lib.sem_post(self._doorbells[self.rank])
-
-    # ---- progress (always under self._lock) ---------------------------------------------------
-    def _progress(self) -> bool:
-        """One pass over every ring: drain inbound, push outbound, collect CMA acks."""
-        moved = False
-        for i in self._ins:
-            if self._consume(i):
-                moved = True
-        if self._sending:
-            for peer in list(self._sending):
-                o = self._outs[peer]
-                if self._push(o):
-                    moved = True
-                if not o.queue:
-                    self._sending.discard(peer)
-        if self._acking:
-            for peer in list(self._acking):
-                o = self._outs[peer]
-                slots, base = o.seg.words, o.slot_i
-                for t in [t for t in o.cma_pending if slots[base + t % R.NSLOTS] >= t]:
-                    o.cma_pending.pop(t)._finish()
-                    moved = True
-                if not o.cma_pending:
-                    self._acking.discard(peer)
-        self._ring_doorbells()
-        return moved
-
-    def _ring_doorbells(self) -> None:
-        post, bells = self._lib.sem_post, self._doorbells
-        if self._notify:
-            for peer in self._notify:
-                post(bells[peer])
-            self._notify_space.difference_update(self._notify)
-            self._notify.clear()
-        if self._notify_space:
-            post(bells[self.rank])  # full fence between our counter stores and the loads of want flags
-            segs, flag = self._segs, self._want_off + self.rank
-            for peer in self._notify_space:
-                if segs[peer].mm[flag]:
-                    post(bells[peer])
-            self._notify_space.clear()
-
-    def _push(self, o: _Out) -> bool:
-        """Write as much of ``o``'s queued sends into its ring as fits. True if anything was written."""
-        words = o.seg.words
-        cap, head = o.cap, o.head
-        free = cap - (head - words[o.tail_i])
-        q = o.queue
-        start = head
-        while q:
-            s = q[0]
-            if s.sent < 0:
-                if free < R.FRAME:
-                    break
-                R.HEADER.pack_into(o.seg.mm, o.data_off + head % cap, s.tag, s.nbytes, s.kind,
-                                   s.addr if s.kind == R.CMA else 0, s.ticket)
-                head += R.FRAME
-                free -= R.FRAME
-                s.sent = 0
-                if s.kind == R.CMA:
-                    q.popleft()  # completes when the receiver acknowledges its ticket
-                    continue
-            padded = R.pad(s.nbytes)
-            while s.sent < padded and free > 0:
-                n = min(free, padded - s.sent, self._chunk)
-                real = min(n, s.nbytes - s.sent)
-                if real > 0:
-                    pos = head % cap
-                    first = min(real, cap - pos)
-                    _memmove(o.data + pos, s.addr + s.sent, first)
-                    if real > first:
-                        _memmove(o.data, s.addr + s.sent + first, real - first)
-                head += n
-                s.sent += n
-                words[o.head_i] = head  # publish each chunk so the receiver can copy out meanwhile
-                free = cap - (head - words[o.tail_i])
-            if s.sent < padded:
-                break
-            q.popleft()
-            s._finish()
-        if head == start:
-            return False
-        words[o.head_i] = head
-        o.head = head
-        self._notify.add(o.peer)
-        return True
-
-    def _consume(self, i: _In) -> bool:
-        """Read every frame available in ring ``i``. True if anything was consumed."""
-        words = self._segs[self.rank].words
-        head = words[i.head_i]
-        tail = i.tail
-        if head == tail:
-            return False
-        cap = i.cap
-        mm = self._segs[self.rank].mm
-        while tail < head:
-            f = i.frame
-            if f is None:
-                tag, nbytes, kind, raddr, ticket = R.HEADER.unpack_from(mm, i.data_off + tail % cap)
-                if nbytes < 0 or kind not in (R.EAGER, R.CMA):
-                    raise PeerError(f"rank {self.rank}: corrupt frame from rank {i.peer} (kind {kind}, "
-                                    f"{nbytes} bytes); was the segment written by another program?")
-                tail += R.FRAME
-                f = _Frame(i.peer, tag, nbytes, kind, raddr, ticket)
-                self._arrive(f)
-                if kind == R.CMA:
-                    continue
-                if nbytes == 0:
-                    self._frame_done(f)
-                    continue
-                i.frame = f
-            padded = R.pad(f.nbytes)
-            n = min(head - tail, padded - f.got, self._chunk)
-            real = min(n, f.nbytes - f.got)
-            if real > 0 and f.dest is not None:
-                pos = tail % cap
-                first = min(real, cap - pos)
-                _memmove(f.dest + f.got, i.data + pos, first)
-                if real > first:
-                    _memmove(f.dest + f.got + first, i.data, real - first)
-            f.got += n
-            tail += n
-            if f.got >= padded:
-                i.frame = None
-                self._frame_done(f)
-            words[i.tail_i] = tail  # free the space at once: the sender may be waiting for it
-        i.tail = tail
-        words[i.tail_i] = tail
-        self._notify_space.add(i.peer)
-        return True
-
-    def _arrive(self, f: _Frame) -> None:
-        key = (f.peer, f.tag)
-        q = self._posted.get(key)
-        if q:
-            h = q.popleft()
-            if not q:
-                del self._posted[key]
-            self._bind(f, h)
-            return
-        if f.kind == R.EAGER and f.nbytes:
-            f.keep = torch.empty(f.nbytes, dtype=torch.uint8)
-            f.dest = f.keep.data_ptr()
-        self._unexpected.setdefault(key, collections.deque()).append(f)
-
-    def _bind(self, f: _Frame, h: _Recv) -> None:
-        """Match frame ``f`` (maybe still streaming) with receive ``h``."""
-        if f.nbytes != h.nbytes:
-            h.error = PeerError(f"rank {self.rank}: message from rank {f.peer} (tag {f.tag}) has {f.nbytes} "
-                                f"bytes, but the receive posted for it expects {h.nbytes}")
-            f.dest = f.keep = None
-            if f.kind == R.CMA:
-                self._ack(f)
-            return
-        if f.kind == R.CMA:
-            err = self._lib.read_remote(self._pids[f.peer], h.addr, f.raddr, f.nbytes) if f.nbytes else 0
-            if err:
-                h.error = PeerError(f"rank {self.rank}: reading {f.nbytes} bytes from rank {f.peer}'s memory "
-                                    f"failed: {os.strerror(err)} (did it die?)")
-            else:
-                h._finish()
-            self._ack(f)
-            return
-        received = min(f.got, f.nbytes)
-        if received:
-            _memmove(h.addr, f.dest, received)
-        f.keep = None
-        if f.complete:
-            h._finish()
-        else:
-            f.dest = h.addr
-            f.handle = h
-
-    def _ack(self, f: _Frame) -> None:
-        i = self._ins[f.peer if f.peer < self.rank else f.peer - 1]
-        self._segs[self.rank].words[i.slot_i + f.ticket % R.NSLOTS] = f.ticket
-        self._notify_space.add(f.peer)
-
-    def _frame_done(self, f: _Frame) -> None:
-        f.complete = True
-        if f.handle is not None:
-            f.handle._finish()
-            f.handle = None
-            f.dest = None
 
     # ---- waiting ------------------------------------------------------------------------------
     def _poll(self, h: _Op) -> bool:
@@ -732,6 +462,8 @@ class ShmTransport(Transport):
             time.sleep(0.001)
 
     def _release(self) -> None:
+        if self.mailbox is not None:
+            self.mailbox.close()
         if self._mapped is not None:
             B.release(self._mapped)
         self._segs = [None] * self.size

@@ -1,0 +1,242 @@
+"""The one-round small all-reduce (ringlet.engine.small) against the reference, element by element, on
+both carriers: ``p2p`` over the in-process transport (MPI's receive rule) and ``mailbox`` over the shm
+transport (ranks as threads). World sizes 1..8, counts 0, 1, primes, up to the carrier's limit, every
+dtype and op; mismatched records raise MismatchError on every rank and the next call works."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import OPS, make_input, run_world
+from torch.distributed import HashStore
+
+from ringlet import collectives as C
+from ringlet.algorithms import reference
+from ringlet.engine import small
+from ringlet.runtime import Runtime
+from ringlet.transport.shm import ShmOptions, ShmTransport
+from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name
+
+COUNTS = (0, 1, 2, 7, 13, 251, 1023)
+
+
+def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True, how: str | None = None) -> torch.Tensor:
+    """What the collective layer does with this path: tag, record, the rounds (AVG sums; no scaling)."""
+    g = rt.world
+    out = t.clone()
+    flat = out.view(-1)
+    how = small.carrier(rt, g, flat.numel() * flat.element_size()) and (how or small.carrier(
+        rt, g, flat.numel() * flat.element_size()))
+    tag = rt.next_tag(g)
+    if how is None:
+        assert g.size == 1
+        return out
+    rec = C._meta_record(C.ALLREDUCE, t, op, -1, "auto") if check else None
+    small.allreduce_(rt, g, g.rank_of(rt.rank), flat, int(op), rec, tag, how)
+    return out
+
+
+def _expected(inputs, op):
+    return reference.reduce(inputs, ReduceOp.SUM if op == ReduceOp.AVG else op)
+
+
+def shm_runtimes(p: int, fn, timeout: float = 120.0) -> list:
+    """``fn(rt)`` on every rank of a shm world of ``p`` threads, each with its own Runtime."""
+    store = HashStore()
+    results, errors = [None] * p, [None] * p
+
+    def body(r):
+        tr = None
+        try:
+            tr = ShmTransport(r, p, store, timeout=30, options=ShmOptions(ring_bytes=64 << 10))
+            rt = Runtime(tr, Options(timeout=30))
+            results[r] = fn(rt)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors[r] = exc
+        finally:
+            if tr is not None:
+                tr.close()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "shm world hung"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@pytest.mark.parametrize("how", ["p2p-rd", "p2p"])
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("p", range(1, 9))
+def test_p2p_against_reference(p, dtype, how):
+    cases = [(n, op) for n in COUNTS for op in OPS]
+    inputs = {c: [make_input(r, c[0], dtype, c[1]) for r in range(p)] for c in cases}
+
+    def fn(rank):
+        rt = C.runtime()
+        if p > 1:
+            assert small.carrier(rt, rt.world, 4) == "p2p-rd"
+        return [_run(rt, inputs[c][rank], c[1], how=how) for c in cases]
+
+    outs = run_world(p, fn)
+    for i, (n, op) in enumerate(cases):
+        exp = _expected(inputs[(n, op)], op)
+        for r in range(p):
+            assert torch.equal(outs[r][i], exp), f"p2p p={p} n={n} {op.name} {dtype_name(dtype)} rank {r}"
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_mailbox_against_reference(p):
+    cases = [(n, op, dt) for n in COUNTS for op in OPS for dt in SUPPORTED_DTYPES]
+    inputs = {c: [make_input(r, c[0], c[2], c[1]) for r in range(p)] for c in cases}
+
+    def fn(rt):
+        assert small.carrier(rt, rt.world, 4) == "mailbox"
+        return [_run(rt, inputs[c][rt.rank], c[1]) for c in cases]
+
+    outs = shm_runtimes(p, fn)
+    for i, (n, op, dt) in enumerate(cases):
+        exp = _expected(inputs[(n, op, dt)], op)
+        for r in range(p):
+            assert torch.equal(outs[r][i], exp), f"mailbox p={p} n={n} {op.name} {dtype_name(dt)} rank {r}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=dtype_name)
+def test_limits_and_largest(dtype):
+    """Exactly the carrier's limit runs in one round (both carriers); one element more does not."""
+    p = 3
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    n = small.P2P_MAX_BYTES // itemsize
+    inputs = [make_input(r, n, dtype) for r in range(p)]
+
+    def p2p(rank):
+        rt = C.runtime()
+        assert small.carrier(rt, rt.world, (n + 1) * itemsize) is None
+        return _run(rt, inputs[rank], ReduceOp.SUM, how="p2p") + _run(rt, inputs[rank], ReduceOp.SUM) * 0
+
+    def box(rt):
+        assert small.carrier(rt, rt.world, rt.transport.mailbox_payload_max + 1) is None
+        assert small.carrier(rt, rt.world, n * itemsize, limit=16) is None
+        return [_run(rt, inputs[rt.rank], ReduceOp.SUM) for _ in range(3)]  # both slots, then the first again
+
+    exp = _expected(inputs, ReduceOp.SUM)
+    assert all(torch.equal(o, exp) for o in run_world(p, p2p))
+    assert all(torch.equal(o, exp) for outs in shm_runtimes(p, box) for o in outs)
+
+
+def _mismatch_then_ok(rt, rank: int):
+    """Rank 1 sends another shape (first a same-size reshape, then another size); every rank must raise
+    MismatchError, and then a matching call works."""
+    errors = []
+    for bad in (torch.ones(2, 3), torch.ones(7)):
+        t = bad if rank == 1 else torch.ones(6)
+        try:
+            _run(rt, t, ReduceOp.SUM)
+        except MismatchError as exc:
+            errors.append(str(exc))
+    try:
+        _run(rt, torch.ones(6), ReduceOp.SUM if rank else ReduceOp.MAX)
+    except MismatchError as exc:
+        errors.append(str(exc))
+    ok = _run(rt, torch.full((6,), float(rank)), ReduceOp.SUM)
+    return errors, ok
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_mismatch_p2p(p):
+    outs = run_world(p, lambda rank: _mismatch_then_ok(C.runtime(), rank))
+    for errors, ok in outs:
+        assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
+        assert torch.equal(ok, torch.full((6,), float(p * (p - 1) // 2)))
+    assert len({tuple(e) for e, _ in outs}) == 1  # the same message on every rank
+
+
+def test_mismatch_mailbox():
+    p = 3
+    outs = shm_runtimes(p, lambda rt: _mismatch_then_ok(rt, rt.rank))
+    for errors, ok in outs:
+        assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
+        assert torch.equal(ok, torch.full((6,), 3.0))
+    assert len({tuple(e) for e, _ in outs}) == 1
+
+
+def test_unchecked_size_mismatch_is_caught():
+    """Without records the sizes are still compared: a MismatchError, not garbage or a hang."""
+    def fn(rt):
+        try:
+            _run(rt, torch.ones(5 if rt.rank == 0 else 4), ReduceOp.SUM, check=False)
+        except MismatchError:
+            return True
+        return False
+
+    assert shm_runtimes(2, fn) == [True, True]
+    assert run_world(2, lambda rank: fn(C.runtime())) == [True, True]
+
+
+def test_src_and_flat_untouched_on_mismatch():
+    """A separate source (the caller's prescaled copy) is what travels; on a mismatch ``flat`` keeps
+    its values on every rank."""
+    def fn(rt):
+        g = rt.world
+        flat = torch.full((4,), float(rt.rank + 1))
+        small.allreduce_(rt, g, rt.rank, flat, int(ReduceOp.SUM), None, rt.next_tag(g),
+                         small.carrier(rt, g, 16), src=flat * 2)
+        bad = torch.ones(5 if rt.rank == 1 else 4)
+        before = bad.clone()
+        rec = C._meta_record(C.ALLREDUCE, bad, ReduceOp.SUM, -1, "auto")
+        try:
+            small.allreduce_(rt, g, rt.rank, bad, int(ReduceOp.SUM), rec, rt.next_tag(g),
+                             small.carrier(rt, g, 16))
+        except MismatchError:
+            pass
+        return flat, torch.equal(bad, before)
+
+    for flat, untouched in shm_runtimes(3, fn) + run_world(3, lambda rank: fn(C.runtime())):
+        assert torch.equal(flat, torch.full((4,), 12.0)) and untouched
+
+
+def _check_vs_allreduce(rt):
+    """Rank 0 checks a broadcast's record while the others all-reduce."""
+    t = torch.ones(4)
+    g = rt.world
+    how = small.carrier(rt, g, 16)
+    try:
+        if rt.rank == 0:
+            small.check_records(rt, g, 0, C._meta_record(C.BROADCAST, t, 0, 0), rt.next_tag(g), how)
+        else:
+            _run(rt, t, ReduceOp.SUM)
+    except MismatchError as exc:
+        return str(exc)
+    return ""
+
+
+def test_check_records_meets_allreduce():
+    """A rank checking another collective's record meets the all-reduce in the same exchange (mailbox
+    and in-band p2p): every rank raises MismatchError naming the operations; matching checks pass."""
+    for msgs in (shm_runtimes(3, _check_vs_allreduce), run_world(3, lambda r: _check_vs_allreduce(C.runtime())),
+                 run_world(5, lambda r: _check_vs_allreduce(C.runtime()))):
+        assert all("Mismatched collective operations" in m for m in msgs) and len(set(msgs)) == 1
+
+    def ok(rt):
+        g = rt.world
+        return small.check_records(rt, g, rt.rank, [1, 2, 3], rt.next_tag(g), small.carrier(rt, g, 0))
+
+    assert shm_runtimes(2, ok) == [None, None]
+    assert run_world(3, lambda r: ok(C.runtime())) == [None] * 3
+
+
+def test_exchange_records_ragged():
+    """The records are exchanged without comparing them (the ragged all-gather's first dimensions)."""
+    def fn(rt):
+        g = rt.world
+        entries = small.exchange_records(rt, g, rt.rank, [7, rt.rank * 10], rt.next_tag(g), small.carrier(rt, g, 0))
+        return [small.unpack(r) for _, r in entries]
+
+    want = [[[7, q * 10] for q in range(3)]] * 3
+    assert shm_runtimes(3, fn) == want
+    assert run_world(3, lambda r: fn(C.runtime())) == want
