@@ -96,6 +96,7 @@ class Coordinator:
         self._idle_since = time.monotonic()
         self._stop = False
         self._failed: BaseException | None = None  # this rank's execution failure, announced to the peers
+        self._peer_failed = False
         self._error: BaseException | None = None
         self._stopped_error = HorovodInternalError(
             "ringlet.torch has been shut down (this or another rank called shutdown()); this operation "
@@ -141,7 +142,7 @@ class Coordinator:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=60.0)
-        self._exec.close(timeout=60.0)
+        self._exec.close(timeout=5.0, drop=True)  # the coordinator has drained it unless a rank failed
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _sleep(self) -> None:
@@ -181,8 +182,12 @@ class Coordinator:
             self._exec.close(timeout=0, drop=True)
             self._die(self._failed or err)
             return
-        if self._failed is None:
-            self._exec.close(timeout=None)  # shutdown drains what every rank agreed
+        if self._failed is None and not self._peer_failed:
+            self._exec.close(timeout=None)  # a clean shutdown drains what every rank agreed
+        else:
+            self._exec.close(timeout=0, drop=True)  # a collective of the queue may wait for the failed rank
+        if self._exec.error is not None and self._failed is None:
+            self._failed = self._exec_failure()
         self._die(self._failed or self._stopped_error)
 
     def _exec_failure(self) -> BaseException:
@@ -297,6 +302,7 @@ class Coordinator:
         self._spill = max_waiting > 0
         self._slot = min(_MAX_SLOT, max(_MIN_SLOT, 1 << (max_waiting + MESSAGE_OVERHEAD).bit_length()))
         if failed_by:
+            self._peer_failed = True
             self._stopped_error = HorovodInternalError(
                 f"ringlet.torch stopped: an operation failed on rank(s) {failed_by}; this operation cannot "
                 "complete. Call hvd.init() again to start over.")

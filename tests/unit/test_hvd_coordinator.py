@@ -1,0 +1,122 @@
+"""The coordinator's parts: cache positions, this rank's bit vector, the execution queue, and a failure
+on the execution thread (one rank or all) reaching every rank as ``HorovodInternalError`` (ranks as
+threads). The bit-vector path and the overlap of execution with negotiation are cases of
+``tests/multiproc/hvd_cases_coord.py`` (threads: test_hvd_cases_inproc.py; processes: test_hvd_ops.py)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hvd_world import hvd_world
+
+import ringlet.torch as hvd
+from ringlet.torch import mpi_ops
+from ringlet.torch import requests as rq
+from ringlet.torch.basics import context
+from ringlet.torch.cachebits import CachedRequests
+from ringlet.torch.exec_queue import ExecQueue
+from ringlet.torch.requests import Cache, Meta, Request
+from ringlet.types import Options
+
+F32 = rq.DTYPE_CODE[torch.float32]
+
+
+def _meta(name: str, n: int = 3, ps_id: int = 0) -> Meta:
+    return Meta(name, rq.ALLREDUCE, ps_id, F32, (n,))
+
+
+def _req(meta: Meta) -> Request:
+    r = Request(meta, None, None, 1, 0)
+    r.wire = meta.encode()
+    return r
+
+
+def test_cache_positions_are_stable_and_reused_after_eviction():
+    cache = Cache(capacity=2)
+    a, b, c = _meta("a"), _meta("b"), _meta("c")
+    assert cache.record(a, a.encode()) == (0, None)
+    assert cache.record(b, b.encode()) == (1, None)
+    a4 = _meta("a", 4)
+    assert cache.record(a4, a4.encode()) == (0, None)  # a re-recorded name keeps its position
+    assert cache.lookup("a", a.encode()) is None and cache.lookup("a", a4.encode()) == 0
+    assert cache.record(c, c.encode()) == (1, 1)  # full: b (least recently recorded) gives up position 1
+    assert cache.lookup("b", b.encode()) is None and cache.get(1) == (c.encode(), c)
+    assert cache.span == 2 and len(cache) == 2
+
+
+class _Sets:
+    """Process sets stand-in: set 0 is ranks {0, 1}, set 5 is rank {1} only."""
+
+    def group(self, ps_id):
+        class G:
+            ranks = (0, 1) if ps_id == 0 else (1,)
+
+            def __contains__(self, r):
+                return r in self.ranks
+
+        return G()
+
+
+def test_bit_vector_of_one_rank():
+    cr = CachedRequests(0, _Sets(), capacity=8)
+    mine, other = _meta("x"), _meta("y", ps_id=5)
+    assert cr.record(mine, mine.encode()) is None and cr.record(other, other.encode()) is None
+    assert cr.place(_req(_meta("x", 9)), 0.0) is False  # another record of a cached name: not a bit
+    assert cr.place(_req(mine), 0.0) is True
+    v = cr.vector(quiet=True, accept=False)
+    # quiet, accept, x (waiting here), y (a set rank 0 is not in: always set)
+    assert v.tolist() == [True, False, True, True]
+    out = cr.agreed(np.array([0, 1]))
+    assert [key for key, _, _ in out] == [(0, "x")] and out[0][1].metas == {0: mine, 1: mine}
+    assert not cr.waiting
+    with pytest.raises(RuntimeError, match="not submitted"):
+        cr.agreed(np.array([0]))  # agreed again although nothing waits here
+
+
+def test_exec_queue_runs_in_order_and_stops_at_the_first_failure():
+    wake = threading.Event()
+    q = ExecQueue(wake)
+    q.start()
+    ran = []
+    q.put(lambda: ran.append(1))
+    q.put(lambda: 1 / 0)
+    q.put(lambda: ran.append(3))
+    assert q.drain(timeout=30)
+    assert ran == [1] and isinstance(q.error, ZeroDivisionError) and wake.is_set()
+    q.put(lambda: ran.append(4))  # dropped after a failure
+    q.close(timeout=30)
+    assert ran == [1] and not q.busy()
+
+
+def _inject(ranks, name: str):
+    """Make the execution thread of ``ranks`` fail on the all-reduce ``name``."""
+    coord = context().coordinator
+    real = coord.runner.allreduce
+    me = hvd.rank()
+
+    def allreduce(g, items):
+        if me in ranks and any(m.name == name for m, _ in items):
+            raise RuntimeError("injected failure")
+        return real(g, items)
+
+    coord.runner.allreduce = allreduce
+
+
+@pytest.mark.parametrize("failing", [(0, 1, 2), (0,)])
+def test_execution_failure_fails_every_rank_without_hanging(failing):
+    def body(r):
+        _inject(failing, "allreduce.boom")
+        with pytest.raises(hvd.HorovodInternalError) as info:
+            mpi_ops.allreduce(torch.ones(4), name="boom", op=hvd.Sum)
+        with pytest.raises(hvd.HorovodInternalError):
+            mpi_ops.allreduce(torch.ones(2), name="after")  # stopped until re-init
+        return str(info.value)
+
+    msgs = hvd_world(3, body, options=Options(timeout=5))
+    if failing == (0,):
+        assert "injected failure" in msgs[0], msgs[0]
+        assert all("failed on rank(s) [0]" in m for m in msgs[1:]), msgs
+    else:  # a rank whose own batch had not run yet when a peer's failure arrived reports the peer's
+        assert all("injected failure" in m or "failed on rank(s)" in m for m in msgs), msgs
