@@ -120,7 +120,8 @@ def execution_does_not_block_negotiation():
         out_long, out_next = hvd.synchronize(h_long), hvd.synchronize(h_next)
     finally:
         coord._decide, coord.runner.allreduce = real_decide, real_allreduce
-    if not (torch.equal(out_long, torch.full((1 << 16,), float(n))) and torch.equal(out_next, torch.full((2,), float(n)))):
+    if not (torch.equal(out_long, torch.full((1 << 16,), float(n)))
+            and torch.equal(out_next, torch.full((2,), float(n)))):
         raise AssertionError("wrong results")
     if not agreed_next.is_set():
         raise AssertionError("conc.next never went through the coordinator's decision")

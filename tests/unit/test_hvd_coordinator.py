@@ -4,7 +4,9 @@ threads). The bit-vector path and the overlap of execution with negotiation are 
 ``tests/multiproc/hvd_cases_coord.py`` (threads: test_hvd_cases_inproc.py; processes: test_hvd_ops.py)."""
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -120,3 +122,21 @@ def test_execution_failure_fails_every_rank_without_hanging(failing):
         assert all("failed on rank(s) [0]" in m for m in msgs[1:]), msgs
     else:  # a rank whose own batch had not run yet when a peer's failure arrived reports the peer's
         assert all("injected failure" in m or "failed on rank(s)" in m for m in msgs), msgs
+
+
+def test_stall_warning_for_a_cached_name(monkeypatch, caplog):
+    """A cached name waits as a bit; after half the stall time it moves to the table, where rank 0's
+    stall check names it and the rank that did not submit it."""
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "0.2")
+
+    def body(r):
+        mpi_ops.allreduce(torch.ones(1), name="cached_slowpoke", op=hvd.Sum)  # now cached everywhere
+        if r == 1:
+            time.sleep(1.5)
+        return mpi_ops.allreduce(torch.ones(1), name="cached_slowpoke", op=hvd.Sum)
+
+    with caplog.at_level(logging.WARNING, logger="ringlet.torch"):
+        outs = hvd_world(3, body)
+    assert all(torch.equal(o, torch.full((1,), 3.0)) for o in outs)
+    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "ringlet.torch"]
+    assert any("allreduce.cached_slowpoke" in m and "missing ranks [1]" in m for m in msgs), msgs

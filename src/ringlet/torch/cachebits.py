@@ -20,7 +20,7 @@ class CachedRequests:
         self.process_sets = process_sets
         self.cache = Cache(capacity)
         self.waiting: dict[int, tuple[Request, float]] = {}  # position -> (request, since when)
-        self._foreign: set[int] = set()
+        self.foreign: set[int] = set()  # positions of process sets this rank is not a member of
 
     def place(self, req: Request, now: float) -> bool:
         """Wait as a bit when the name is cached with this very record; False when it must go in full."""
@@ -46,7 +46,7 @@ class CachedRequests:
         v[BIT_ACCEPT] = accept
         for pos in self.waiting:
             v[BIT_FIRST_POS + pos] = True
-        for pos in self._foreign:
+        for pos in self.foreign:
             v[BIT_FIRST_POS + pos] = True
         return v
 
@@ -57,7 +57,7 @@ class CachedRequests:
         for pos in positions:
             pos = int(pos)
             if self.waiting.pop(pos, None) is None:
-                if pos in self._foreign:
+                if pos in self.foreign:
                     continue
                 raise RuntimeError(f"cache position {pos} agreed but not submitted on rank {self.rank}")
             wire, meta = self.cache.get(pos)
@@ -78,7 +78,7 @@ class CachedRequests:
         except ValueError:
             member = False
         if member:
-            self._foreign.discard(pos)
+            self.foreign.discard(pos)
         else:
-            self._foreign.add(pos)
+            self.foreign.add(pos)
         return displaced

@@ -152,16 +152,23 @@ class Coordinator:
             # Nobody to negotiate with: a round is only needed when something was submitted (or stop).
             self._wake.wait()
             return
-        if self._held and self._exec.waiting():
-            self._wake.wait(self.idle_max)  # nothing can be handed over before our queue moves
+        if (self._held and self._exec.waiting()) or self._quiet():
+            # Nothing can be handed over before our queue moves / no round can agree anything before
+            # this rank submits (which wakes it): the peers wait for us in the round.
+            self._wake.wait(self.idle_max)
             return
-        grace = time.monotonic() - self._idle_since < _IDLE_SECONDS_BEFORE_BACKOFF and not self._exec.busy()
-        if self._idle == 0 or grace:
+        if self._idle == 0 or time.monotonic() - self._idle_since < _IDLE_SECONDS_BEFORE_BACKOFF:
             delay = self.cycle - (time.monotonic() - self._last_round)
             if delay > 0:
                 time.sleep(delay)
             return
         self._wake.wait(min(self.idle_max, self.cycle * (2 ** min(20, self._idle))))
+
+    def _quiet(self) -> bool:
+        """True when this rank has nothing submitted and not agreed, and nothing of other ranks is pending
+        in the table or in process sets without this rank (whose ops need its rounds all the same)."""
+        return not (self._inbox or self._outbox or self._cached.waiting or self._held or self._pending
+                    or self._cached.foreign)
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)

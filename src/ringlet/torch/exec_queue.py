@@ -17,7 +17,7 @@ import torch
 
 class ExecQueue:
     """A FIFO of batches (callables) run on one background thread; ``wake`` is set whenever a batch is
-    taken off the queue or finishes, so that the coordinator can hand over the next one."""
+    taken off the queue (the coordinator may then hand over the next one) and when the thread fails."""
 
     def __init__(self, wake: threading.Event, name: str = "ringlet-exec"):
         self._wake = wake
@@ -92,4 +92,3 @@ class ExecQueue:
             with self._cond:
                 self._running = False
                 self._cond.notify_all()
-            self._wake.set()
