@@ -6,7 +6,8 @@ each step also how well negotiation overlaps a long transfer.
     ringlet run -np 2 -- python benchmarks/hvd_named_allreduce.py --names 20 --big 8000000 --steps 50
 
 Each step submits the names asynchronously (as a DistributedOptimizer's hooks do during backward,
-``--gap-us`` apart), then synchronizes them all. Rank 0 prints one line: steps/s and ms per step.
+``--gap-us`` apart), then synchronizes them all. Rank 0 prints one line: steps/s, ms per step and,
+where the coordinator counts them, its full and bit-vector rounds per timed step.
 """
 import argparse
 import time
@@ -14,6 +15,7 @@ import time
 import torch
 
 import ringlet.torch as hvd
+from ringlet.torch.basics import context
 
 
 def main() -> None:
@@ -42,13 +44,19 @@ def main() -> None:
 
     for _ in range(args.warmup):
         step()
+    stats = getattr(context().coordinator, "stats", None)
+    before = dict(stats) if stats is not None else None
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
     dt = time.perf_counter() - t0
+    rounds = ""
+    if before is not None:
+        rounds = ", rounds/step: " + " ".join(f"{k} {(stats[k] - before.get(k, 0)) / args.steps:.2f}"
+                                               for k in ("full_rounds", "bit_rounds"))
     if hvd.rank() == 0:
         print(f"{args.label} names={args.names} big={args.big} gap_us={args.gap_us} steps={args.steps}: "
-              f"{args.steps / dt:.1f} steps/s, {1000 * dt / args.steps:.3f} ms/step", flush=True)
+              f"{args.steps / dt:.1f} steps/s, {1000 * dt / args.steps:.3f} ms/step{rounds}", flush=True)
     hvd.shutdown()
 
 

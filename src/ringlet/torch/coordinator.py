@@ -34,7 +34,6 @@ than half of ``HOROVOD_STALL_CHECK_TIME_SECONDS`` moves to the table, where the 
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import time
@@ -48,15 +47,15 @@ from .basics import HorovodInternalError
 from .exec_queue import ExecQueue
 from .execute import Runner
 from .negotiation import Exchange
+from .cachebits import CachedRequests
 from .requests import (ADD_PS, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BIT_ACCEPT, BIT_FIRST_POS, BIT_QUIET,
                        BROADCAST, CACHEABLE, F_ERROR, F_SHUTDOWN, JOIN, KIND_NAMES, MESSAGE_OVERHEAD,
-                       REDUCESCATTER, REMOVE_PS, Entry, Meta, Request, decode_message, encode_message,
+                       REDUCESCATTER, REMOVE_PS, Meta, Request, decode_message, encode_message,
                        entry_bytes)
-from .cachebits import CachedRequests
+from .requests import Entry as _Entry
 from .stall import stall_check
 from .validate import check
 
-log = logging.getLogger("ringlet.torch")
 
 _MIN_SLOT, _MAX_SLOT = 1024, 16 << 20
 _IDLE_SECONDS_BEFORE_BACKOFF = 0.1  # a training step's forward pass should not pay the wake-up latency
@@ -88,7 +87,7 @@ class Coordinator:
         # Owned by the coordinator thread:
         self._outbox: collections.deque[Request] = collections.deque()  # to announce in a full round
         self._cached = CachedRequests(self.rt.rank, ctx.process_sets)  # response cache, requests as bits
-        self._pending: dict[tuple[int, str], Entry] = {}
+        self._pending: dict[tuple[int, str], _Entry] = {}
         self._held: list = []  # agreed, waiting for every execution queue to accept a batch
         self._slot = _MIN_SLOT
         self._spill = False
@@ -302,7 +301,7 @@ class Coordinator:
             for meta, wire in items:
                 e = self._pending.get((meta.ps_id, meta.name))
                 if e is None:
-                    e = self._pending[(meta.ps_id, meta.name)] = Entry()
+                    e = self._pending[(meta.ps_id, meta.name)] = _Entry()
                 e.metas[r] = meta
                 e.wires[r] = wire
                 new += 1
@@ -320,7 +319,7 @@ class Coordinator:
         e = self._pending.get((0, "join"))
         return set(e.metas) if e is not None else set()
 
-    def _ready(self) -> list[tuple[tuple[int, str], Entry, str | None]]:
+    def _ready(self) -> list[tuple[tuple[int, str], _Entry, str | None]]:
         """Entries every member has announced, in table order, with an error message or None."""
         joined = self._joined()
         out = []
@@ -422,7 +421,7 @@ class Coordinator:
             if r is not None:
                 tl.span(r.meta.name, "QUEUE", r.ready_us, now)
 
-    def _run_other(self, key, e: Entry, meta: Meta, req: Request | None) -> None:
+    def _run_other(self, key, e: _Entry, meta: Meta, req: Request | None) -> None:
         kind = meta.kind
         if kind == JOIN:
             self._finish(key, list(e.metas)[-1])
