@@ -79,7 +79,7 @@ def test_bit_vector_of_one_rank():
 
 def test_exec_queue_runs_in_order_and_stops_at_the_first_failure():
     wake = threading.Event()
-    q = ExecQueue(wake)
+    q = ExecQueue(wake.set)
     q.start()
     ran = []
     q.put(lambda: ran.append(1))

@@ -2,7 +2,8 @@
 
 Negotiation. Every rank keeps the same response cache (:class:`~.requests.Cache`): a name agreed with
 one identical record everywhere gets a position there, the same on every rank. Each round starts with
-ONE small collective, the AND over the ranks of a bit vector (:mod:`.negotiation`): bit 0 "I want no
+ONE small collective, the AND over the ranks of a bit vector (:mod:`.negotiation`; packed, one
+all-gather step): bit 0 "I want no
 full round", bit 1 "my execution queue accepts a batch", then one bit per cache position, "I have
 submitted this cached name" (members of other process sets set it for them). A cached name whose bit
 survives the AND is ready: its record is already known and validated, nothing else is exchanged, so
@@ -26,10 +27,12 @@ different orders cannot deadlock. A dead peer or transport timeout fails every p
 ``HorovodInternalError``; a failure on the execution thread is announced in the next round and stops
 every rank's coordinator; a rank that shuts down stops every coordinator after that round, once the
 agreed batches have run. After 0.1 s without news (nothing new announced, nothing ready) rounds back
-off exponentially up to ``RINGLET_CYCLE_IDLE_MAX_MS`` (20 ms), at once while this rank's execution
-thread is busy; a local submission wakes the thread at once (the peers follow within their back-off),
-so an idle job, or one waiting for a straggler, does not burn a core. A name waiting as a bit for more
-than half of ``HOROVOD_STALL_CHECK_TIME_SECONDS`` moves to the table, where the stall warning sees it.
+off exponentially up to ``RINGLET_CYCLE_IDLE_MAX_MS`` (20 ms). A rank with nothing submitted and not yet
+agreed, and nothing of other ranks pending in the table or in process sets without it, starts no
+round at all until its next submission wakes it (at most that long): the peers wait for it inside their
+round, which no round could have completed anyway. So an idle job, one waiting for a straggler, or one
+whose only work is a running collective does not burn a core. A name waiting as a bit for more than
+half of ``HOROVOD_STALL_CHECK_TIME_SECONDS`` moves to the table, where the stall warning sees it.
 """
 from __future__ import annotations
 
@@ -44,10 +47,10 @@ import torch
 from ringlet import timeline
 
 from .basics import HorovodInternalError
+from .cachebits import CachedRequests
 from .exec_queue import ExecQueue
 from .execute import Runner
 from .negotiation import Exchange
-from .cachebits import CachedRequests
 from .requests import (ADD_PS, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BIT_ACCEPT, BIT_FIRST_POS, BIT_QUIET,
                        BROADCAST, CACHEABLE, F_ERROR, F_SHUTDOWN, JOIN, KIND_NAMES, MESSAGE_OVERHEAD,
                        REDUCESCATTER, REMOVE_PS, Meta, Request, decode_message, encode_message,
@@ -81,7 +84,7 @@ class Coordinator:
         self.exchange = Exchange(self.rt, self.rt.new_group(range(self.rt.size)))
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._exec = ExecQueue(self._wake)
+        self._exec = ExecQueue(self._exec_moved)
         self._inbox: collections.deque[Request] = collections.deque()  # submitted, not seen by the thread
         self._mine: dict[tuple[int, str], Request] = {}  # every local request not completed yet
         # Owned by the coordinator thread:
@@ -144,6 +147,12 @@ class Coordinator:
         self._exec.close(timeout=5.0, drop=True)  # the coordinator has drained it unless a rank failed
 
     # ---- the loop ---------------------------------------------------------------------------------
+    def _exec_moved(self) -> None:
+        # Execution thread: its queue moved or it failed. A round is due only to hand over held ops or
+        # to announce the failure (a stale read of _held is caught by _sleep, which sees the queue empty).
+        if self._held or self._exec.error is not None:
+            self._wake.set()
+
     def _sleep(self) -> None:
         if self._spill or self._stop or self._exec.error is not None:
             return

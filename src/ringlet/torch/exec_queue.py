@@ -16,11 +16,12 @@ import torch
 
 
 class ExecQueue:
-    """A FIFO of batches (callables) run on one background thread; ``wake`` is set whenever a batch is
-    taken off the queue (the coordinator may then hand over the next one) and when the thread fails."""
+    """A FIFO of batches (callables) run on one background thread; ``on_move()`` is called (on that
+    thread) whenever a batch is taken off the queue, so the coordinator may hand over the next one, and
+    when the thread fails."""
 
-    def __init__(self, wake: threading.Event, name: str = "ringlet-exec"):
-        self._wake = wake
+    def __init__(self, on_move: Callable[[], None], name: str = "ringlet-exec"):
+        self._on_move = on_move
         self._name = name
         self._cond = threading.Condition()
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
@@ -78,7 +79,7 @@ class ExecQueue:
                     return
                 batch = self._queue.popleft()
                 self._running = True
-            self._wake.set()
+            self._on_move()
             try:
                 batch()
             except BaseException as exc:  # noqa: BLE001 - handed to the coordinator
@@ -87,7 +88,7 @@ class ExecQueue:
                     self._queue.clear()
                     self._running = False
                     self._cond.notify_all()
-                self._wake.set()
+                self._on_move()
                 return
             with self._cond:
                 self._running = False
