@@ -1,7 +1,8 @@
-"""The coordinator's parts: cache positions, this rank's bit vector, the execution queue, and a failure
-on the execution thread (one rank or all) reaching every rank as ``HorovodInternalError`` (ranks as
-threads). The bit-vector path and the overlap of execution with negotiation are cases of
-``tests/multiproc/hvd_cases_coord.py`` (threads: test_hvd_cases_inproc.py; processes: test_hvd_ops.py)."""
+"""The coordinator's parts: cache positions, this rank's bit vector, the execution queue, shutdown
+draining agreed ops, a failure on the execution thread (one rank or all) reaching every rank as
+``HorovodInternalError``, the stall warning for a cached name (ranks as threads). The bit-vector path
+and the overlap of execution with negotiation are cases of ``tests/multiproc/hvd_cases_coord.py``
+(threads: test_hvd_cases_inproc.py; processes: test_hvd_ops.py)."""
 from __future__ import annotations
 
 import logging
@@ -140,3 +141,28 @@ def test_stall_warning_for_a_cached_name(monkeypatch, caplog):
     assert all(torch.equal(o, torch.full((1,), 3.0)) for o in outs)
     msgs = [rec.getMessage() for rec in caplog.records if rec.name == "ringlet.torch"]
     assert any("allreduce.cached_slowpoke" in m and "missing ranks [1]" in m for m in msgs), msgs
+
+
+def test_shutdown_drains_agreed_ops():
+    """An op agreed and running when shutdown() is called completes with its result, on every rank."""
+
+    def body(r):
+        ctx = context()
+        coord = ctx.coordinator
+        started, release = threading.Event(), threading.Event()
+        real = coord.runner.allreduce
+
+        def allreduce(g, items):
+            started.set()
+            release.wait(30)
+            return real(g, items)
+
+        coord.runner.allreduce = allreduce
+        h = mpi_ops.allreduce_async(torch.ones(3), name="drained", op=hvd.Sum)
+        assert started.wait(30)
+        threading.Timer(0.2, release.set).start()  # lets the op go on once shutdown() is under way
+        hvd.shutdown()
+        return ctx.handles.wait(h)
+
+    for out in hvd_world(2, body):
+        assert torch.equal(out, torch.full((3,), 2.0))
