@@ -71,8 +71,8 @@ def test_bit_vector_of_one_rank():
     v = cr.vector(quiet=True, accept=False)
     # quiet, accept, x (waiting here), y (a set rank 0 is not in: always set)
     assert v.tolist() == [True, False, True, True]
-    out = cr.agreed(np.array([0, 1]))
-    assert [key for key, _, _ in out] == [(0, "x")] and out[0][1].metas == {0: mine, 1: mine}
+    out = cr.agreed(np.array([0, 1]))  # y too (every rank records the same responses); execution skips it
+    assert [key for key, _, _ in out] == [(0, "x"), (5, "y")] and out[0][1].metas == {0: mine, 1: mine}
     assert not cr.waiting
     with pytest.raises(RuntimeError, match="not submitted"):
         cr.agreed(np.array([0]))  # agreed again although nothing waits here
@@ -166,3 +166,28 @@ def test_shutdown_drains_agreed_ops():
 
     for out in hvd_world(2, body):
         assert torch.equal(out, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("capacity", ["3", "0"])
+def test_small_or_no_cache_with_a_process_set(monkeypatch, capacity):
+    """Cache of 3: w0, w1 (world) and s (set {0, 2}) fill it and are agreed by their bits; then a new name
+    x evicts the least recently used entry, which must be the same on rank 1 (not in the set) as on
+    the members, or the positions of x and s would differ between ranks. Capacity 0: no cache."""
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", capacity)
+    plan = [["w0", "w1", "s"]] * 3 + [["x"]] + [["w0", "w1", "x", "s"]] * 3
+
+    def body(r):
+        sub = hvd.add_process_set([0, 2])
+        outs = []
+        for names in plan:
+            hs = [mpi_ops.allreduce_async(torch.full((2,), float(r)), name=k, op=hvd.Sum,
+                                          process_set=sub if k == "s" else hvd.global_process_set)
+                  for k in names if k != "s" or r != 1]
+            outs.append([hvd.synchronize(h).tolist() for h in hs])
+        hvd.remove_process_set(sub)
+        return outs, dict(context().coordinator.stats)
+
+    for r, (outs, stats) in enumerate(hvd_world(3, body)):
+        for names, got in zip(plan, outs):
+            assert got == [[2.0, 2.0] if k == "s" else [3.0, 3.0] for k in names if k != "s" or r != 1]
+        assert (stats["cached_ops"] > 0) == (capacity != "0")

@@ -51,14 +51,14 @@ class CachedRequests:
         return v
 
     def agreed(self, positions) -> list[tuple[tuple[int, str], Entry, None]]:
-        """(key, entry, None) of the agreed positions this rank is a member of, in position order; their
-        requests stop waiting. A position agreed but not waiting here is an internal error."""
+        """(key, entry, None) of the agreed positions, in position order; this rank's requests stop
+        waiting. Positions of process sets without this rank are included, so that every rank records
+        the same responses (the cache's recency order must stay identical); execution skips them. A
+        position agreed but neither waiting here nor foreign is an internal error."""
         out = []
         for pos in positions:
             pos = int(pos)
-            if self.waiting.pop(pos, None) is None:
-                if pos in self.foreign:
-                    continue
+            if self.waiting.pop(pos, None) is None and pos not in self.foreign:
                 raise RuntimeError(f"cache position {pos} agreed but not submitted on rank {self.rank}")
             wire, meta = self.cache.get(pos)
             e = Entry()
@@ -72,6 +72,8 @@ class CachedRequests:
         """Cache a record agreed identically everywhere; returns a request that waited at a position
         just taken from an evicted name (it must now go in full)."""
         pos, evicted = self.cache.record(meta, wire)
+        if pos is None:
+            return None
         displaced = self.take(evicted) if evicted is not None else None
         try:
             member = self.rank in self.process_sets.group(meta.ps_id)

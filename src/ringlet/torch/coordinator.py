@@ -33,6 +33,7 @@ round at all until its next submission wakes it (at most that long): the peers w
 round, which no round could have completed anyway. So an idle job, one waiting for a straggler, or one
 whose only work is a running collective does not burn a core. A name waiting as a bit for more than
 half of ``HOROVOD_STALL_CHECK_TIME_SECONDS`` moves to the table, where the stall warning sees it.
+``HOROVOD_CACHE_CAPACITY`` (4096) bounds the cache; 0 turns it off (every round is a full one).
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ class Coordinator:
         self._mine: dict[tuple[int, str], Request] = {}  # every local request not completed yet
         # Owned by the coordinator thread:
         self._outbox: collections.deque[Request] = collections.deque()  # to announce in a full round
-        self._cached = CachedRequests(self.rt.rank, ctx.process_sets)  # response cache, requests as bits
+        self._cached = CachedRequests(self.rt.rank, ctx.process_sets,  # response cache, requests as bits
+                                      int(_env_float("HOROVOD_CACHE_CAPACITY", 4096.0)))
         self._pending: dict[tuple[int, str], _Entry] = {}
         self._held: list = []  # agreed, waiting for every execution queue to accept a batch
         self._slot = _MIN_SLOT

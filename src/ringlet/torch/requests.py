@@ -131,9 +131,11 @@ class Cache:
     def get(self, pos: int) -> tuple[bytes, Meta]:
         return self._by_pos[pos]
 
-    def record(self, meta: Meta, wire: bytes) -> tuple[int, int | None]:
+    def record(self, meta: Meta, wire: bytes) -> tuple[int | None, int | None]:
         """Cache ``meta`` under its name. Returns (its position, the same position when it was taken from
-        another name that had to be evicted, else None)."""
+        another name that had to be evicted, else None); (None, None) when ``capacity`` is 0."""
+        if self.capacity <= 0:
+            return None, None  # caching disabled: every request goes in full
         pos = self._by_name.pop(meta.name, None)
         evicted = None
         if pos is None:
