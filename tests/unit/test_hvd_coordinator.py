@@ -191,3 +191,13 @@ def test_small_or_no_cache_with_a_process_set(monkeypatch, capacity):
         for names, got in zip(plan, outs):
             assert got == [[2.0, 2.0] if k == "s" else [3.0, 3.0] for k in names if k != "s" or r != 1]
         assert (stats["cached_ops"] > 0) == (capacity != "0")
+
+
+def test_a_waiting_bit_leaves_when_its_position_gets_another_record():
+    cr = CachedRequests(0, _Sets(), capacity=1)
+    x, y = _meta("x"), _meta("y")
+    cr.record(x, x.encode())
+    rx = _req(x)
+    assert cr.place(rx, 0.0)
+    assert cr.record(x, x.encode()) is None  # the same record again: the request keeps waiting
+    assert cr.record(y, y.encode()) is rx and not cr.waiting  # y evicts x: the request must go in full

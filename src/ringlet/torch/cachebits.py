@@ -69,12 +69,14 @@ class CachedRequests:
         return out
 
     def record(self, meta: Meta, wire: bytes) -> Request | None:
-        """Cache a record agreed identically everywhere; returns a request that waited at a position
-        just taken from an evicted name (it must now go in full)."""
-        pos, evicted = self.cache.record(meta, wire)
+        """Cache a record agreed identically everywhere; returns a request that waited at the position
+        with another record (an evicted name's, or this name's in another process set or shape): it
+        must now go in full."""
+        pos, _ = self.cache.record(meta, wire)
         if pos is None:
             return None
-        displaced = self.take(evicted) if evicted is not None else None
+        hit = self.waiting.get(pos)
+        displaced = self.take(pos) if hit is not None and hit[0].wire != wire else None
         try:
             member = self.rank in self.process_sets.group(meta.ps_id)
         except ValueError:
