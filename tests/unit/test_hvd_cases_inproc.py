@@ -1,6 +1,7 @@
 """The multiproc Horovod-API cases (tests/multiproc/hvd_cases_*.py), run with ranks as threads: a fast
 check of the training equivalence, every differentiable op's gradient, the broadcast/gather helpers,
-broadcast_optimizer_state for every optimizer class, join, and SyncBatchNorm, for 2 and 3 ranks. The real-process runs are in tests/multiproc/test_hvd_training.py.
+broadcast_optimizer_state for every optimizer class, join, SyncBatchNorm and the coordinator's bit-vector
+path and execution thread, for 2 and 3 ranks. The real-process runs are in tests/multiproc/test_hvd_training.py.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from hvd_world import hvd_world
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "multiproc"))
+import hvd_cases_coord  # noqa: E402
 import hvd_cases_join  # noqa: E402
 import hvd_cases_ops  # noqa: E402
 import hvd_cases_optim  # noqa: E402
@@ -20,8 +22,9 @@ import hvd_cases_training  # noqa: E402
 # warnings.catch_warnings is process-wide, so a case that counts warnings cannot run as threads.
 THREAD_UNSAFE = {"optimizer_misuse_then_recovery", "average_and_op_errors_then_next_op",
                  "step_after_synchronize_warning_text"}
-CASES = [c for c in hvd_cases_training.CASES + hvd_cases_ops.CASES + hvd_cases_optim.CASES + hvd_cases_join.CASES
-         + hvd_cases_training.LAST if c[0] not in THREAD_UNSAFE]
+CASES = [c for c in (hvd_cases_training.CASES + hvd_cases_ops.CASES + hvd_cases_optim.CASES + hvd_cases_join.CASES
+                     + hvd_cases_coord.CASES + hvd_cases_training.LAST)
+         if c[0] not in THREAD_UNSAFE]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -1,0 +1,30 @@
+"""The stall warning: names that some ranks announced long ago and other ranks never did (rank 0 logs it)."""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("ringlet.torch")
+
+
+def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> None:
+    """Warn about entries of ``pending`` (the negotiation table) older than ``stall`` seconds that miss
+    ranks which have not joined; each entry is reported again at most every ``stall`` seconds."""
+    now = time.monotonic()
+    lines = []
+    for (ps_id, name), e in pending.items():
+        if now - e.first < stall or (e.warned and now - e.warned < stall):
+            continue
+        try:
+            ranks = process_sets.group(ps_id).ranks
+        except ValueError:
+            continue
+        missing = [r for r in ranks if r not in e.metas and r not in joined]
+        if missing:
+            e.warned = now
+            lines.append(f"{name} (process set {ps_id}): missing ranks {missing}, "
+                         f"submitted by ranks {sorted(e.metas)}")
+    if lines:
+        log.warning("Stall: %d op(s) were submitted by some ranks but not by others for more than %.0f s. "
+                    "This may mean ranks submit different names, or only some ranks submit them "
+                    "(which deadlocks):\n  %s", len(lines), stall, "\n  ".join(lines))
