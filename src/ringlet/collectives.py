@@ -83,10 +83,14 @@ def resolve_algorithm(name: str | None, rt: Runtime) -> str:
 def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
                    post: float, check: bool) -> torch.Tensor:
     ch = rt.channel(g)
+    flat = buf.view(-1)
+    forced = "" if algo == select.AUTO else algo
+    meta = Meta.of("", Kind.ALLREDUCE, buf, op=red.op, algorithm=forced, pre=pre, post=post) if check else None
+    if ops.small_allreduce_(ch, flat, red, algo, pre, post, meta):  # the check travels with the data
+        return buf
     if check:
-        forced = "" if algo == select.AUTO else algo
-        agree.agree(ch, Meta.of("", Kind.ALLREDUCE, buf, op=red.op, algorithm=forced, pre=pre, post=post))
-    ops.allreduce_(ch, buf.view(-1), red, algo, pre, post)
+        agree.agree(ch, meta)
+    ops.allreduce_(ch, flat, red, algo, pre, post)
     return buf
 
 

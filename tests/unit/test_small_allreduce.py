@@ -14,26 +14,32 @@ from torch.distributed import HashStore
 from ringlet import collectives as C
 from ringlet.algorithms import reference
 from ringlet.engine import small
+from ringlet.engine.channel import Channel
+from ringlet.engine.meta import Kind, Meta
 from ringlet.runtime import Runtime
 from ringlet.transport.shm import ShmOptions, ShmTransport
-from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name
+from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name, reduction
 
 COUNTS = (0, 1, 2, 7, 13, 251, 1023)
 
 
+def _probe(rt) -> Channel:
+    """A channel of the world to ask :func:`small.carrier` with (it takes no tag)."""
+    return Channel(rt.transport, rt.world, rt.world.rank_of(rt.rank), 0)
+
+
 def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True, how: str | None = None) -> torch.Tensor:
-    """What the collective layer does with this path: tag, record, the rounds (AVG sums; no scaling)."""
-    g = rt.world
+    """What the collective layer does with this path: channel, record, the rounds (AVG sums; no scaling)."""
     out = t.clone()
     flat = out.view(-1)
-    how = small.carrier(rt, g, flat.numel() * flat.element_size()) and (how or small.carrier(
-        rt, g, flat.numel() * flat.element_size()))
-    tag = rt.next_tag(g)
+    nbytes = flat.numel() * flat.element_size()
+    how = small.carrier(_probe(rt), nbytes, p2p=True) and (how or small.carrier(_probe(rt), nbytes, p2p=True))
+    ch = rt.channel(rt.world)
     if how is None:
-        assert g.size == 1
+        assert ch.size == 1
         return out
-    rec = C._meta_record(C.ALLREDUCE, t, op, -1, "auto") if check else None
-    small.allreduce_(rt, g, g.rank_of(rt.rank), flat, int(op), rec, tag, how)
+    meta = Meta.of("", Kind.ALLREDUCE, t, op=op) if check else None
+    small.allreduce_(ch, flat, reduction(op), meta, how)
     return out
 
 
@@ -80,7 +86,7 @@ def test_p2p_against_reference(p, dtype, how):
     def fn(rank):
         rt = C.runtime()
         if p > 1:
-            assert small.carrier(rt, rt.world, 4) == "p2p-rd"
+            assert small.carrier(_probe(rt), 4, p2p=True) == "p2p-rd"
         return [_run(rt, inputs[c][rank], c[1], how=how) for c in cases]
 
     outs = run_world(p, fn)
@@ -96,7 +102,7 @@ def test_mailbox_against_reference(p):
     inputs = {c: [make_input(r, c[0], c[2], c[1]) for r in range(p)] for c in cases}
 
     def fn(rt):
-        assert small.carrier(rt, rt.world, 4) == "mailbox"
+        assert small.carrier(_probe(rt), 4) == "mailbox"
         return [_run(rt, inputs[c][rt.rank], c[1]) for c in cases]
 
     outs = shm_runtimes(p, fn)
@@ -116,12 +122,12 @@ def test_limits_and_largest(dtype):
 
     def p2p(rank):
         rt = C.runtime()
-        assert small.carrier(rt, rt.world, (n + 1) * itemsize) is None
+        assert small.carrier(_probe(rt), (n + 1) * itemsize, p2p=True) is None
         return _run(rt, inputs[rank], ReduceOp.SUM, how="p2p") + _run(rt, inputs[rank], ReduceOp.SUM) * 0
 
     def box(rt):
-        assert small.carrier(rt, rt.world, rt.transport.mailbox_payload_max + 1) is None
-        assert small.carrier(rt, rt.world, n * itemsize, limit=16) is None
+        assert small.carrier(_probe(rt), rt.transport.mailbox_payload_max + 1) is None
+        assert small.carrier(_probe(rt), n * itemsize, limit=16) is None
         return [_run(rt, inputs[rt.rank], ReduceOp.SUM) for _ in range(3)]  # both slots, then the first again
 
     exp = _expected(inputs, ReduceOp.SUM)
@@ -182,16 +188,14 @@ def test_src_and_flat_untouched_on_mismatch():
     """A separate source (the caller's prescaled copy) is what travels; on a mismatch ``flat`` keeps
     its values on every rank."""
     def fn(rt):
-        g = rt.world
+        how = small.carrier(_probe(rt), 16, p2p=True)
         flat = torch.full((4,), float(rt.rank + 1))
-        small.allreduce_(rt, g, rt.rank, flat, int(ReduceOp.SUM), None, rt.next_tag(g),
-                         small.carrier(rt, g, 16), src=flat * 2)
+        small.allreduce_(rt.channel(rt.world), flat, reduction("sum"), None, how, src=flat * 2)
         bad = torch.ones(5 if rt.rank == 1 else 4)
         before = bad.clone()
-        rec = C._meta_record(C.ALLREDUCE, bad, ReduceOp.SUM, -1, "auto")
+        meta = Meta.of("", Kind.ALLREDUCE, bad, op=ReduceOp.SUM)
         try:
-            small.allreduce_(rt, g, rt.rank, bad, int(ReduceOp.SUM), rec, rt.next_tag(g),
-                             small.carrier(rt, g, 16))
+            small.allreduce_(rt.channel(rt.world), bad, reduction("sum"), meta, how)
         except MismatchError:
             pass
         return flat, torch.equal(bad, before)
@@ -203,11 +207,10 @@ def test_src_and_flat_untouched_on_mismatch():
 def _check_vs_allreduce(rt):
     """Rank 0 checks a broadcast's record while the others all-reduce."""
     t = torch.ones(4)
-    g = rt.world
-    how = small.carrier(rt, g, 16)
+    how = small.carrier(_probe(rt), 16, p2p=True)
     try:
         if rt.rank == 0:
-            small.check_records(rt, g, 0, C._meta_record(C.BROADCAST, t, 0, 0), rt.next_tag(g), how)
+            small.records(rt.channel(rt.world), Meta.of("", Kind.BROADCAST, t, root=0), how)
         else:
             _run(rt, t, ReduceOp.SUM)
     except MismatchError as exc:
@@ -220,23 +223,23 @@ def test_check_records_meets_allreduce():
     and in-band p2p): every rank raises MismatchError naming the operations; matching checks pass."""
     for msgs in (shm_runtimes(3, _check_vs_allreduce), run_world(3, lambda r: _check_vs_allreduce(C.runtime())),
                  run_world(5, lambda r: _check_vs_allreduce(C.runtime()))):
-        assert all("Mismatched collective operations" in m for m in msgs) and len(set(msgs)) == 1
+        assert all("Mismatched operations" in m for m in msgs) and len(set(msgs)) == 1
 
     def ok(rt):
-        g = rt.world
-        return small.check_records(rt, g, rt.rank, [1, 2, 3], rt.next_tag(g), small.carrier(rt, g, 0))
+        meta = Meta("", Kind.BARRIER)
+        return small.records(rt.channel(rt.world), meta, small.carrier(_probe(rt), 0, p2p=True)) == [meta] * rt.size
 
-    assert shm_runtimes(2, ok) == [None, None]
-    assert run_world(3, lambda r: ok(C.runtime())) == [None] * 3
+    assert shm_runtimes(2, ok) == [True, True]
+    assert run_world(3, lambda r: ok(C.runtime())) == [True] * 3
 
 
 def test_exchange_records_ragged():
     """The records are exchanged without comparing them (the ragged all-gather's first dimensions)."""
     def fn(rt):
-        g = rt.world
-        entries = small.exchange_records(rt, g, rt.rank, [7, rt.rank * 10], rt.next_tag(g), small.carrier(rt, g, 0))
-        return [small.unpack(r) for _, r in entries]
+        meta = Meta("", Kind.ALLGATHER, shape=(rt.rank * 10, 7))
+        got = small.records(rt.channel(rt.world), meta, small.carrier(_probe(rt), 0, p2p=True), check=False)
+        return [list(m.shape) for m in got]
 
-    want = [[[7, q * 10] for q in range(3)]] * 3
+    want = [[[q * 10, 7] for q in range(3)]] * 3
     assert shm_runtimes(3, fn) == want
     assert run_world(3, lambda r: fn(C.runtime())) == want

@@ -20,8 +20,8 @@ import struct
 import numpy as np
 import torch
 
-from ..algorithms.executor import reduce_into
 from ..algorithms.halving_doubling import participants
+from ..types import ReduceOp, Reduction
 
 RECORD_MAX = 1024  # bytes of one record a receive buffer has room for
 _ENTRY = struct.Struct("<qqq")  # rank, payload bytes, record bytes; then the record
@@ -29,7 +29,8 @@ _ENTRY = struct.Struct("<qqq")  # rank, payload bytes, record bytes; then the re
 
 # numpy's elementwise ops cost about a microsecond on a few KiB where a torch call costs several;
 # both round each element once, so the bits are the same. Half types stay with torch.
-NP_OPS = {0: np.add, 1: np.add, 3: np.minimum, 4: np.maximum, 5: np.multiply}
+NP_OPS = {ReduceOp.AVG: np.add, ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+          ReduceOp.PRODUCT: np.multiply}
 NP_DTYPES = frozenset((torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32,
                        torch.int64))
 
@@ -61,19 +62,19 @@ class _State:
     fixed offset (room for every member's entry of our record's length), so the views of it are
     made once per (size, dtype) and kept in the runtime's workspace."""
 
-    def __init__(self, rt, g, grank: int, flat: torch.Tensor | None, rec: bytes, src: torch.Tensor | None,
-                 cap: int):
-        self.rt, self.g, self.grank = rt, g, grank
-        self.tr = rt.transport
+    def __init__(self, ch, flat: torch.Tensor | None, rec: bytes, src: torch.Tensor | None, cap: int):
+        self.ch, self.grank = ch, ch.rank
+        self.tr = ch.transport
+        self.workspace = ch.workspace if ch.workspace is not None else {}
         self.nbytes = 0 if flat is None else flat.numel() * flat.element_size()
-        self.off = 16 + g.size * (_ENTRY.size + len(rec))
-        ws = rt.workspace.get(("engine.rd_inband", cap))
+        self.off = -(-(16 + ch.size * (_ENTRY.size + len(rec))) // 8) * 8  # payload 8-byte aligned
+        ws = self.workspace.get(("engine.rd_inband", cap))
         if ws is None:  # frames, and memoryviews of them for struct (no copies, no tensor calls)
             buf = torch.empty(2 * cap, dtype=torch.uint8)
-            ws = rt.workspace[("engine.rd_inband", cap)] = (buf[:cap], buf[cap:], memoryview(buf[:cap].numpy()),
-                                                            memoryview(buf[cap:].numpy()))
+            ws = self.workspace[("engine.rd_inband", cap)] = (buf[:cap], buf[cap:], memoryview(buf[:cap].numpy()),
+                                                              memoryview(buf[cap:].numpy()))
         self.out_frame, self.in_frame, self.out_mv, self.in_mv = ws
-        self.entries: dict[int, tuple[int, bytes]] = {grank: (self.nbytes, rec)}
+        self.entries: dict[int, tuple[int, bytes]] = {ch.rank: (self.nbytes, rec)}
         self.acc = None
         if flat is not None:
             self.frame, self.out_p, self.in_p, self.acc, self.acc_p = self._views(cap, flat.dtype, flat.numel())
@@ -81,7 +82,7 @@ class _State:
 
     def _views(self, cap: int, dtype: torch.dtype, n: int):
         key = ("engine.rd_inband.views", cap, self.off, dtype, n)
-        v = self.rt.workspace.get(key)
+        v = self.workspace.get(key)
         if v is None:
             off, end = self.off, self.off + self.nbytes
             out_p, in_p = self.out_frame[off:end].view(dtype), self.in_frame[off:end].view(dtype)
@@ -89,7 +90,7 @@ class _State:
             acc_p = acc
             if dtype in NP_DTYPES:
                 out_p, in_p, acc_p = out_p.numpy(), in_p.numpy(), acc.numpy()
-            v = self.rt.workspace[key] = (self.out_frame[:end], out_p, in_p, acc, acc_p)
+            v = self.workspace[key] = (self.out_frame[:end], out_p, in_p, acc, acc_p)
         return v
 
     def _send_frame(self) -> torch.Tensor:
@@ -105,32 +106,32 @@ class _State:
             np.copyto(self.out_p, self.acc_p)
         return self.frame
 
-    def _take(self, off: int, op: int | None) -> None:
-        """Reduce (``op``) or copy (``None``) the received payload at ``off`` into the accumulator."""
+    def _take(self, off: int, red: Reduction | None) -> None:
+        """Reduce (``red``) or copy (``None``) the received payload at ``off`` into the accumulator."""
         inp = self.in_p
         if off != self.off:  # the sender's records have another length (it disagrees anyway)
             inp = self.in_frame[off:off + self.nbytes].view(self.acc.dtype)
             inp = inp.numpy() if self.acc_p is not self.acc else inp
         if self.acc_p is self.acc:
-            if op is None:
+            if red is None:
                 self.acc.copy_(inp)
             else:
-                reduce_into(self.acc, inp, op)
-        elif op is None:
+                red.combine(self.acc, inp)
+        elif red is None:
             np.copyto(self.acc_p, inp)
         else:
             with np.errstate(all="ignore"):  # overflow to inf is the caller's business, as with torch
-                NP_OPS[op](self.acc_p, inp, out=self.acc_p)
+                NP_OPS[red.op](self.acc_p, inp, out=self.acc_p)
 
-    def swap(self, peer: int, tag: int, send: bool, recv: bool, op: int | None) -> None:
+    def swap(self, peer: int, tag: int, send: bool, recv: bool, red: Reduction | None) -> None:
         """Send our frame to / receive a frame from group rank ``peer``; merge its entries and
-        reduce (``op``) or take (``op=None``) its vector when its size is ours."""
-        tr, timeout = self.tr, self.rt.options.timeout
+        reduce (``red``) or take (``red=None``) its vector when its size is ours."""
+        tr, timeout = self.tr, self.ch.timeout
         hs = []
         if recv:
-            hs.append(tr.irecv_upto(self.in_frame, self.g.ranks[peer], tag))
+            hs.append(tr.irecv_upto(self.in_frame, self.ch.peers[peer], tag))
         if send:
-            hs.append(tr.isend(self._send_frame(), self.g.ranks[peer], tag))
+            hs.append(tr.isend(self._send_frame(), self.ch.peers[peer], tag))
         wait_all = getattr(tr, "wait_all", None)
         if wait_all is not None:
             wait_all(hs, timeout)
@@ -142,27 +143,27 @@ class _State:
         off = _decode(self.in_mv, self.entries)
         theirs = self.entries.get(peer)
         if self.acc is not None and theirs is not None and theirs[0] == self.nbytes and self.nbytes:
-            self._take(off, op)
+            self._take(off, red)
 
 
-def allreduce_rd(rt, g, grank: int, flat: torch.Tensor | None, op: int, rec: bytes, tag: int,
-                 src: torch.Tensor | None, max_payload: int):
-    """Run the rounds (messages of step ``s`` carry tag ``tag + s``). Returns every member's
-    ``(bytes, record)`` in group-rank order and the reduced vector (a scratch tensor; ``None`` when
-    ``flat`` is ``None``). ``flat`` is not written: the caller checks the entries first."""
-    p = g.size
-    st = _State(rt, g, grank, flat, rec, src, 16 + p * (_ENTRY.size + RECORD_MAX) + max_payload)
+def allreduce_rd(ch, flat: torch.Tensor | None, red: Reduction | None, rec: bytes, src: torch.Tensor | None,
+                 max_payload: int):
+    """Run the rounds over channel ``ch`` (messages of step ``s`` carry tag ``ch.tag + s``). Returns
+    every member's ``(bytes, record)`` in group-rank order and the reduced vector (a scratch tensor;
+    ``None`` when ``flat`` is ``None``). ``flat`` is not written: the caller checks the entries first."""
+    p, grank, tag = ch.size, ch.rank, ch.tag
+    st = _State(ch, flat, rec, src, 16 + p * (_ENTRY.size + RECORD_MAX) + max_payload)
     pp = 1 << (p.bit_length() - 1)
     extra = p - pp
     folded = grank < 2 * extra and grank % 2 == 0  # hands its vector to grank + 1, gets the result back
     if grank < 2 * extra:
-        st.swap(grank + 1 if folded else grank - 1, tag, send=folded, recv=not folded, op=op)
+        st.swap(grank + 1 if folded else grank - 1, tag, send=folded, recv=not folded, red=red)
     if not folded:
         real = participants(p)
         v = real.index(grank)
         for j in range(pp.bit_length() - 1):
-            st.swap(real[v ^ (1 << j)], tag + 1 + j, send=True, recv=True, op=op)
+            st.swap(real[v ^ (1 << j)], tag + 1 + j, send=True, recv=True, red=red)
     last = tag + pp.bit_length()
     if grank < 2 * extra:
-        st.swap(grank + 1 if folded else grank - 1, last, send=not folded, recv=folded, op=None)
+        st.swap(grank + 1 if folded else grank - 1, last, send=not folded, recv=folded, red=None)
     return [st.entries.get(q, (-1, b"")) for q in range(p)], st.acc

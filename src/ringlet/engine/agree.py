@@ -2,7 +2,10 @@
 
 :func:`exchange` all-gathers one fixed-size byte slot per member: the core API's metadata records,
 the Horovod coordinator's negotiation messages and the runtime's hostnames all travel through it.
-:func:`agree` is the core API's check: on transports with a cheap native all-reduce
+:func:`agree` is the core API's check. Where the group has a small-message carrier
+(:func:`ringlet.engine.small.carrier`: shared memory's mailbox, or point-to-point with ``irecv_upto``)
+the records travel over it, as the small all-reduce carries its own in band, so that members calling
+different ops meet in the same messages. Elsewhere, on transports with a cheap native all-reduce
 (``native_digest``) the members first compare a 62-bit digest of their records in one tiny
 all-reduce, and exchange the records themselves only when the digests differ (to name the
 mismatch); elsewhere they exchange the records at once. A disagreement raises the same
@@ -14,6 +17,7 @@ import torch
 
 from ..algorithms import direct, ring
 from ..types import MismatchError, ReduceOp
+from . import small
 from .channel import Channel
 from .meta import Meta, mismatch
 
@@ -83,6 +87,9 @@ def agree(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta] | None:
     the records for its sizes even unchecked). Single-member groups return None."""
     if ch.size == 1:
         return None
+    how = small.carrier(ch, 0)
+    if how is not None:  # where small all-reduces check in band, every op agrees over the same carrier
+        return small.records(ch, meta, how, check=check)
     if ch.transport.native_digest and digest_agrees(ch, meta):
         return None
     # The digest result is the same everywhere, so every member gets here or none does.
@@ -99,6 +106,9 @@ def records(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta]:
     named, instead of waiting in different channels."""
     if ch.size == 1:
         return [meta]
+    how = small.carrier(ch, 0)
+    if how is not None:
+        return small.records(ch, meta, how, check=check)
     if check and ch.transport.native_digest:
         digest_agrees(ch, meta)
     metas = exchange_records(ch, meta)

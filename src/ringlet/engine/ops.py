@@ -18,7 +18,9 @@ import torch
 from ..algorithms import ALLREDUCE, NATIVE, alltoall as alltoall_alg, barrier as barrier_alg, binomial, direct, ring
 from ..tuning import select
 from ..types import Reduction, dtype_name
+from . import small
 from .channel import Channel
+from .meta import Meta
 
 _ALLGATHER = {"ring": ring.allgather, "direct": direct.allgather}
 
@@ -51,6 +53,23 @@ def row_numel(t: torch.Tensor) -> int:
 
 
 # ---- all-reduce -------------------------------------------------------------------------------
+def small_allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = select.AUTO,
+                     pre: float = 1.0, post: float = 1.0, meta: Meta | None = None) -> bool:
+    """Reduce ``flat`` in place over the group's small-message carrier (:mod:`ringlet.engine.small`:
+    one round, or recursive doubling, with ``meta`` checked in band when given) and return True, when
+    ``algorithm`` is ``"auto"`` and the carrier takes ``flat``'s size; else return False, untouched."""
+    if algorithm != select.AUTO or ch.size < 2:
+        return False
+    how = small.carrier(ch, flat.numel() * flat.element_size())
+    if how is None:
+        return False
+    src = None if pre == 1.0 else scale_(flat.clone(), pre)
+    small.allreduce_(ch, flat, red, meta, how, src)
+    finish_(flat, red, ch.size, post)
+    return True
+
+
+
 def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = select.AUTO,
                pre: float = 1.0, post: float = 1.0) -> str:
     """Reduce ``flat`` over the group in place; returns the algorithm that ran (``""`` when nothing

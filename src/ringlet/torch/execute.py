@@ -43,7 +43,9 @@ class Runner:
         """All-reduce ``flat`` in place with the algorithm the core would choose (``RINGLET_ALGORITHM``
         or ``auto``)."""
         algo = select.requested(None, self.rt.options.algorithm)
-        ops.allreduce_(self._channel(g), flat, reduction(op), algo, pre, post)
+        ch, red = self._channel(g), reduction(op)
+        if not ops.small_allreduce_(ch, flat, red, algo, pre, post):
+            ops.allreduce_(ch, flat, red, algo, pre, post)
 
     # ---- all-reduce with fusion --------------------------------------------------------------
     @staticmethod
