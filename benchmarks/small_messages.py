@@ -36,16 +36,16 @@ def _impls(args, rt, gloo_rt, comm, t):
     import ringlet
     from mpi4py import MPI
 
-    from ringlet.engine import small
+    import small_runners
 
     arr = t.numpy()
     out = {"mpi": lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM),
            "auto": lambda: ringlet.allreduce_(t),
            "rd": lambda: ringlet.allreduce_(t, algorithm="recursive_doubling"),
-           "small": small.benchmark_runner("small", rt, t),
-           "small raw": small.benchmark_runner("small-raw", rt, t)}
-    if small.carrier(rt, rt.world, t.numel() * 4) == "p2p-rd":
-        out["1-round p2p raw"] = small.benchmark_runner("small-raw:p2p", rt, t)
+           "small": small_runners.runner("small", rt, t),
+           "small raw": small_runners.runner("small-raw", rt, t)}
+    if small_runners.carrier(rt, t.numel() * 4) == "p2p-rd":
+        out["1-round p2p raw"] = small_runners.runner("small-raw:p2p", rt, t)
     if gloo_rt is not None:
         def gloo():
             with ringlet.use_runtime(gloo_rt):
@@ -132,7 +132,7 @@ def main() -> None:
     from mpi4py import MPI
 
     import ringlet
-    from ringlet.cli.bench import _torch_env_beside_mpi
+    from ringlet.bench.job import _torch_env_beside_mpi
 
     comm = MPI.COMM_WORLD
     _torch_env_beside_mpi()

@@ -86,12 +86,12 @@ def _transport_pieces(tr, t: torch.Tensor, p: int, me: int) -> dict:
 
 
 def _engine_pieces(names: str, rt, t: torch.Tensor) -> dict:
-    from ringlet.engine import small
+    import small_runners
 
     tr, runs = rt.transport, {}
     for name in [x for x in names.split(",") if x]:
         base, _, spin = name.partition("@spin")
-        runner = small.benchmark_runner(base, rt, t)
+        runner = small_runners.runner(base, rt, t)
         if spin:  # the shm waiter's spin before sleeping, in microseconds, for this runner only
             def runner(runner=runner, spin=float(spin) * 1e-6):
                 old, tr._spin = tr._spin, spin
@@ -116,9 +116,10 @@ def main() -> None:
     from mpi4py import MPI
 
     import ringlet
-    from ringlet import collectives as C
+    from ringlet.engine import agree
+    from ringlet.engine.meta import Kind, Meta
     from ringlet.benchmarking import parse_size
-    from ringlet.cli.bench import _start
+    from ringlet.bench.job import _start
 
     comm = MPI.COMM_WORLD
     rt = _start(args.ringlet_transport, [])
@@ -131,9 +132,8 @@ def main() -> None:
         runs[f"ringlet:{a}"] = lambda a=a: ringlet.allreduce_(t, algorithm=a)
         runs[f"ringlet:{a} nocheck"] = lambda a=a: ringlet.allreduce_(t, algorithm=a, check=False)
     runs.update(_transport_pieces(tr, t, p, me))
-    g = rt.world
-    rec = C._meta_record(C.ALLREDUCE, t, 1, -1, "recursive_doubling")
-    runs["meta"] = lambda: C._checked(rt, g, me, rt.next_tag(g), rec)
+    meta = Meta.of("", Kind.ALLREDUCE, t, op=1, algorithm="recursive_doubling")
+    runs["meta"] = lambda: agree.agree(rt.channel(rt.world), meta)
     runs.update(_engine_pieces(args.engine, rt, t))
     res = _timed(runs, ringlet.barrier, args.iters, args.blocks)
     worst = {k: max(comm.allgather(v[0])) for k, v in res.items()}

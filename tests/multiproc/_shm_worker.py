@@ -135,19 +135,20 @@ def mailbox(tr: ShmTransport) -> dict:
     """engine.small over the mailbox between processes: 300 rounds of changing sizes and dtypes (both
     slots reused many times), a shape mismatch every rank must report, then the last rank dies in the
     middle of a round and the others must get PeerError, not a hang."""
-    from ringlet import collectives as C
     from ringlet.engine import small
+    from ringlet.engine.meta import Kind, Meta
     from ringlet.runtime import Runtime
-    from ringlet.types import MismatchError, Options, ReduceOp
+    from ringlet.types import MismatchError, Options, ReduceOp, reduction
 
     rt = Runtime(tr, Options(timeout=60))
-    g, me, p = rt.world, tr.rank, tr.size
+    me, p = tr.rank, tr.size
     ok, dtypes = [], (torch.float32, torch.int64, torch.float16, torch.int8)
 
     def run(t, op=ReduceOp.SUM):
         flat = t.clone()
-        rec = C._meta_record(C.ALLREDUCE, t, op, -1, "auto")
-        small.allreduce_(rt, g, me, flat, int(op), rec, rt.next_tag(g), small.carrier(rt, g, t.numel() * t.element_size()))
+        ch = rt.channel(rt.world)
+        small.allreduce_(ch, flat, reduction(op), Meta.of("", Kind.ALLREDUCE, t, op=op),
+                         small.carrier(ch, t.numel() * t.element_size()))
         return flat
 
     for k in range(300):
