@@ -109,3 +109,14 @@ class _In:
 
 
 _memmove = ctypes.memmove  # releases the GIL; glibc fences its streaming stores (see _shm_ring)
+
+
+def take_first(queues: dict, key):
+    """Pop the first item queued under ``key`` (dropping the emptied queue), or None when there is none."""
+    q = queues.get(key)
+    if not q:
+        return None
+    item = q.popleft()
+    if not q:
+        del queues[key]
+    return item

@@ -12,7 +12,7 @@ import torch
 
 from ..types import PeerError
 from . import _shm_ring as R
-from ._shm_frames import _Frame, _In, _Out, _Recv, _memmove
+from ._shm_frames import _Frame, _In, _Out, _Recv, _memmove, take_first
 
 
 class Progress:
@@ -150,11 +150,8 @@ class Progress:
 
     def _arrive(self, f: _Frame) -> None:
         key = (f.peer, f.tag)
-        q = self._posted.get(key)
-        if q:
-            h = q.popleft()
-            if not q:
-                del self._posted[key]
+        h = take_first(self._posted, key)
+        if h is not None:
             self._bind(f, h)
             return
         if f.kind == R.EAGER and f.nbytes:

@@ -249,15 +249,20 @@ def unlink_quietly(path: str) -> None:
 
 
 # ---- liveness -----------------------------------------------------------------------------------
-def process_start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of ``pid``: with the pid it identifies one process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the "(comm)" field (state first), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return int(fields[19])  # field 22 of stat(5), counted after the "(comm)" field
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of ``pid``: with the pid it identifies one process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])  # field 22 of stat(5)
 
 
 def boot_id() -> str:
@@ -312,10 +317,5 @@ class Watcher:
 
 
 def _alive(pid: int, start_time: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time

@@ -188,26 +188,23 @@ class MPITransport(Transport):
             raise PeerError(f"rank {self.rank}: the MPI transport has been closed")
 
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check_open()
-        MPI = _mpi()
-        arr = _as_bytes(buf)
-        try:
-            req = self.comm.Isend([arr, MPI.BYTE], dest=peer, tag=tag)
-        except MPI.Exception as exc:
-            raise PeerError(f"rank {self.rank}: send to rank {peer} (tag {tag}) failed: "
-                            f"{exc.Get_error_string()}") from exc
-        return MPIHandle(req, self.rank, peer, tag, "send", buf)
+        return self._post(buf, peer, tag, "send")
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        return self._post(buf, peer, tag, "receive")
+
+    def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
         self._check_open()
         MPI = _mpi()
-        arr = _as_bytes(buf)
+        arr = [_as_bytes(buf), MPI.BYTE]
         try:
-            req = self.comm.Irecv([arr, MPI.BYTE], source=peer, tag=tag)
+            req = (self.comm.Isend(arr, dest=peer, tag=tag) if what == "send"
+                   else self.comm.Irecv(arr, source=peer, tag=tag))
         except MPI.Exception as exc:
-            raise PeerError(f"rank {self.rank}: receive from rank {peer} (tag {tag}) failed: "
+            where = "to" if what == "send" else "from"
+            raise PeerError(f"rank {self.rank}: {what} {where} rank {peer} (tag {tag}) failed: "
                             f"{exc.Get_error_string()}") from exc
-        return MPIHandle(req, self.rank, peer, tag, "receive", buf)
+        return MPIHandle(req, self.rank, peer, tag, what, buf)
 
     def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
         """A receive that a message shorter than ``buf`` completes too (MPI's own rule): the small

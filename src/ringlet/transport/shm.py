@@ -40,7 +40,7 @@ import torch
 from ..types import CollectiveTimeout, PeerError, RingletError
 from . import _shm_boot as B
 from . import _shm_ring as R
-from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove
+from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove, take_first
 from ._shm_mailbox import Mailbox
 from ._shm_progress import Progress
 from .base import COMPLETED, Handle, Transport
@@ -249,11 +249,8 @@ class ShmTransport(Progress, Transport):
         with self._lock:
             if self._closed:
                 raise PeerError(f"rank {self.rank}: the shm transport is closed")
-            q = self._unexpected.get(key)
-            if q:
-                f = q.popleft()
-                if not q:
-                    del self._unexpected[key]
+            f = take_first(self._unexpected, key)
+            if f is not None:
                 self._bind(f, h)
             else:
                 self._posted.setdefault(key, collections.deque()).append(h)
@@ -263,11 +260,8 @@ class ShmTransport(Progress, Transport):
 
     def _self_send(self, buf: torch.Tensor, tag: int) -> Handle:
         with self._lock:
-            q = self._self_posted.get(tag)
-            if q:
-                h = q.popleft()
-                if not q:
-                    del self._self_posted[tag]
+            h = take_first(self._self_posted, tag)
+            if h is not None:
                 self._deliver_local(h, buf)
             else:
                 self._self_unexpected.setdefault(tag, collections.deque()).append(buf.clone())
@@ -276,11 +270,8 @@ class ShmTransport(Progress, Transport):
     def _self_recv(self, buf: torch.Tensor, tag: int) -> Handle:
         h = _Recv(self, buf, self.rank, tag)
         with self._lock:
-            q = self._self_unexpected.get(tag)
-            if q:
-                data = q.popleft()
-                if not q:
-                    del self._self_unexpected[tag]
+            data = take_first(self._self_unexpected, tag)
+            if data is not None:
                 self._deliver_local(h, data)
             else:
                 self._self_posted.setdefault(tag, collections.deque()).append(h)
