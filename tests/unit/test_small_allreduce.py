@@ -4,12 +4,11 @@ transport (ranks as threads). World sizes 1..8, counts 0, 1, primes, up to the c
 dtype and op; mismatched records raise MismatchError on every rank and the next call works."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 import torch
 from conftest import OPS, make_input, run_world
-from torch.distributed import HashStore
+from test_shm_transport import shm_world
 
 from ringlet import collectives as C
 from ringlet.algorithms import reference
@@ -17,7 +16,7 @@ from ringlet.engine import small
 from ringlet.engine.channel import Channel
 from ringlet.engine.meta import Kind, Meta
 from ringlet.runtime import Runtime
-from ringlet.transport.shm import ShmOptions, ShmTransport
+from ringlet.transport.shm import ShmOptions
 from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name, reduction
 
 COUNTS = (0, 1, 2, 7, 13, 251, 1023)
@@ -49,31 +48,7 @@ def _expected(inputs, op):
 
 def shm_runtimes(p: int, fn, timeout: float = 120.0) -> list:
     """``fn(rt)`` on every rank of a shm world of ``p`` threads, each with its own Runtime."""
-    store = HashStore()
-    results, errors = [None] * p, [None] * p
-
-    def body(r):
-        tr = None
-        try:
-            tr = ShmTransport(r, p, store, timeout=30, options=ShmOptions(ring_bytes=64 << 10))
-            rt = Runtime(tr, Options(timeout=30))
-            results[r] = fn(rt)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors[r] = exc
-        finally:
-            if tr is not None:
-                tr.close()
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(p)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "shm world hung"
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+    return shm_world(p, lambda tr: fn(Runtime(tr, Options(timeout=30))), ShmOptions(ring_bytes=64 << 10), timeout)
 
 
 @pytest.mark.parametrize("how", ["p2p-rd", "p2p"])
