@@ -18,6 +18,10 @@ Arms: ``torch`` (``torch.nn.parallel.DistributedDataParallel``), ``ringlet`` (``
 wrapper after construction: private A/B knobs such as ``ringlet:_factor_gather=direct``); ``ringlet-copy`` is ringlet's DDP copying the averages
 into ``.grad`` instead of lending them (its behaviour before 2026-11-23); ``local`` trains the model on each
 rank without any communication (the compute floor: its CPU per thread is what the DDP arms add to);
+``torch:hook=NAME`` registers a comm hook on torch's DDP: torch's ``fp16``, ``bf16`` or ``powersgd``
+(``rank=R``, default 2; torch's PowerSGD hook runs on Gloo only with one bucket, so give it
+``bucket_cap_mb=100``), or ``ringlet.FUNCTION`` for a hook of ``ringlet.torch.hooks`` with a fresh
+``HookState`` (``state.NAME=VALUE`` options set on it).
 ``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
@@ -69,6 +73,33 @@ def parse_arm(spec: str) -> tuple[str, dict]:
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
 
 
+def _torch_hook(opts: dict):
+    """``(state, hook)`` for a ``torch:hook=NAME`` arm (popping its options from ``opts``), or None."""
+    name = opts.pop("hook", None)
+    rank = int(opts.pop("rank", 2))
+    state_opts = {k[len("state."):]: opts.pop(k) for k in [k for k in opts if k.startswith("state.")]}
+    if name is None:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if name == "bf16":
+        return None, default_hooks.bf16_compress_hook
+    if name == "powersgd":
+        # Torch's default start_powerSGD_iter (1000) would all-reduce densely through the whole run.
+        return powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                           start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook
+    if name.startswith("ringlet."):
+        import ringlet.torch.hooks as hooks
+
+        state = hooks.HookState()
+        for k, v in state_opts.items():
+            setattr(state, k, v)
+        return state, getattr(hooks, name[len("ringlet."):])
+    raise SystemExit(f"unknown hook {name!r}: fp16, bf16, powersgd or ringlet.FUNCTION")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
@@ -110,7 +141,10 @@ def main() -> None:
                 optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                                **opts)
         elif kind == "torch":
+            hook = _torch_hook(opts)
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
+            if hook is not None:
+                wrapped.register_comm_hook(*hook)
         else:
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
