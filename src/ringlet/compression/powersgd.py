@@ -31,7 +31,7 @@ it; entries that come out non-finite are reset to zero. Wrapping PowerSGD in
 the same ``Q`` without communicating, provided every rank's state gets the same seed. With
 ``warm_start`` the summed ``Q`` of one step is the next step's (kept in ``state["q"]``; identical on
 every rank when the all-reduce returns the same bits everywhere); a warm ``Q`` with a zero or non-finite
-column is drawn afresh. A NaN or Inf in a compressed tensor makes its whole output NaN.
+column is drawn afresh (checking costs one device-to-host sync per step). A NaN or Inf in a compressed tensor makes its whole output NaN.
 
 State keys: ``"shapes"`` (a later call with other shapes raises ``ValueError``), ``"residual"``,
 ``"q"``, ``"generator"``, optional ``"seed"``.
