@@ -27,6 +27,9 @@ Contract every compressor keeps:
   may be all-reduced as float32 tensors themselves: ``none``), or ``"custom"`` (the compressor runs its own
   schedule of collectives through :meth:`Compressor.allreduce_`: PowerSGD).
 * ``lossless``: decompress(compress(x)) == x for every float32 ``x`` (``none`` only).
+* ``decompress`` and ``accumulate_`` accept a payload at any byte offset (a slice of a larger receive
+  buffer); they raise ``ValueError`` when its size is not ``wire_bytes`` of the context's element count
+  (``none``, ``fp16`` and ``bf16`` leave that check to the caller).
 
 Errors: ``TypeError`` for a non-floating or non-contiguous input, ``ValueError`` for bad parameters
 (at construction).

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ._common import typed
 from .base import Compressor, check_input
 
 __all__ = ["HalfCompressor", "FP16", "BF16"]
@@ -31,7 +32,7 @@ class HalfCompressor(Compressor):
         return flat.to(self.dtype).view(torch.uint8), flat.numel()
 
     def decompress(self, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return payload.view(self.dtype).float()
+        return typed(payload, self.dtype).float()
 
     def wire_bytes(self, numel: int) -> int:
         return 2 * numel

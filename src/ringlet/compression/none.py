@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ._common import typed
 from .base import Compressor, check_input
 
 __all__ = ["NoCompression"]
@@ -23,7 +24,7 @@ class NoCompression(Compressor):
         return flat.float().contiguous().view(torch.uint8), flat.numel()
 
     def decompress(self, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return payload.view(torch.float32)
+        return typed(payload, torch.float32)
 
     def wire_bytes(self, numel: int) -> int:
         return 4 * numel
