@@ -139,7 +139,7 @@ def test_warm_start_keeps_q_and_cold_start_draws_it():
         inputs = flat_inputs(2, shapes, seed)
         step(PowerSGD(), group, inputs, warm, shapes)
         step(PowerSGD(warm_start=False), group, inputs, cold, shapes)
-    assert warm[0]["q"][0].shape == (30, 2) and "q" not in cold[0]
+    assert warm[0]["q"][0].shape == (2, 30) and "q" not in cold[0]  # Q^T, rows contiguous
 
 
 def test_input_dtypes_are_written_back():

@@ -6,7 +6,7 @@ pays, ``r * (n + m) * min_compression_rate < n * m``; every other tensor (1-D on
 exactly. One step, the same on every rank (``allreduce`` is an in-place float32 SUM over the group)::
 
     M  = input + residual                    # error feedback (residual: zeros at first)
-    P  = M @ Q                               # n x r, Q: m x r, the same on every rank
+    P  = M @ Q                               # n x r, Q: m x r, the same on every rank (kept as Q^T)
     allreduce([all P's | all uncompressed tensors])          # first call, one float32 buffer
     P^ = orthonormal columns spanning P      # Gram-Schmidt or QR; zero columns stay zero
     Qw = M^T @ P^                            # this rank's m x r
@@ -34,7 +34,7 @@ every rank when the all-reduce returns the same bits everywhere); a warm ``Q`` w
 column is drawn afresh (checking costs one device-to-host sync per step). A NaN or Inf in a compressed tensor makes its whole output NaN.
 
 State keys: ``"shapes"`` (a later call with other shapes raises ``ValueError``), ``"residual"``,
-``"q"``, ``"generator"``, optional ``"seed"``.
+``"q"`` (the ``Q^T`` of each compressed matrix, ``r x m``), ``"generator"``, optional ``"seed"``.
 """
 from __future__ import annotations
 
@@ -155,24 +155,36 @@ class PowerSGD(Compressor):
         return parts
 
     def _draw(self, gen: torch.Generator, part: _Part, device: torch.device) -> torch.Tensor:
-        return torch.randn(part.cols, part.rank, generator=gen).to(device)
+        return torch.randn(part.rank, part.cols, generator=gen).to(device)
 
-    def _qs(self, state: dict, low: list[_Part], device: torch.device) -> list[torch.Tensor]:
-        """This step's ``Q`` for every compressed matrix: last step's when warm and sound, else drawn."""
+    def _qts(self, state: dict, low: list[_Part], device: torch.device) -> list[torch.Tensor]:
+        """This step's ``Q^T`` (``r x m``, rows contiguous) for every compressed matrix: last step's when
+        warm and sound, else drawn."""
         gen = state_generator(state, torch.device("cpu"), self.seed)
-        qs = state.get("q") if self.warm_start else None
-        if qs is None:
+        qts = state.get("q") if self.warm_start else None
+        if qts is None:
             return [self._draw(gen, p, device) for p in low]
-        sound = [torch.isfinite(q).all() & (torch.linalg.vector_norm(q, dim=0) > 0).all() for q in qs]
+        sound = [torch.isfinite(q).all() & (torch.linalg.vector_norm(q, dim=1) > 0).all() for q in qts]
         if sound and not bool(torch.stack(sound).all()):
-            qs = [q if bool(ok) else self._draw(gen, p, device) for q, ok, p in zip(qs, sound, low)]
-        return qs
+            qts = [q if bool(ok) else self._draw(gen, p, device) for q, ok, p in zip(qts, sound, low)]
+        return qts
 
     def _orthogonalize_(self, p: torch.Tensor) -> None:
         if self.orthogonalize == "qr":
             p.copy_(torch.linalg.qr(p).Q)
         else:
             _gram_schmidt_(p)
+
+    def _input(self, flat: torch.Tensor, state: dict) -> torch.Tensor:
+        """``M``: the input plus the residual, in float32, in the residual's own memory when error
+        feedback keeps one (no new bucket-sized tensor per step), else in ``flat`` itself when it is
+        float32 (the output overwrites it anyway)."""
+        res = state.get("residual") if self.error_feedback else None
+        if res is not None and res.shape == flat.shape and res.dtype == torch.float32:
+            return res.add_(flat)
+        if self.error_feedback or flat.dtype != torch.float32:
+            return flat.to(torch.float32, copy=True)
+        return flat
 
     def allreduce_(self, flat: torch.Tensor, state: dict, allreduce: Callable[[torch.Tensor], None],
                    shapes: list[tuple[int, ...]] | None = None) -> torch.Tensor:
@@ -186,37 +198,43 @@ class PowerSGD(Compressor):
         parts = self._parts(flat, state, shapes)
         low = [p for p in parts if p.rank]
         dense = [p for p in parts if not p.rank]
-        x = flat.to(torch.float32, copy=True)
-        if self.error_feedback and "residual" in state:
-            x.add_(state["residual"])
+        x = self._input(flat, state)
         mats = [x[p.offset:p.offset + p.numel].view(p.rows, p.cols) for p in low]
-        qs = self._qs(state, low, flat.device)
+        qts = self._qts(state, low, flat.device)
 
         n_p = sum(p.rows * p.rank for p in low)
         first = x.new_empty(n_p + sum(p.numel for p in dense))
         ps = _carve(first, [(p.rows, p.rank) for p in low])
-        for m, q, pm in zip(mats, qs, ps):
-            torch.matmul(m, q, out=pm)
+        for m, qt, pm in zip(mats, qts, ps):
+            torch.mm(m, qt.T, out=pm)  # with Q^T's rows contiguous, the fast way round on CPU
         _pack(first[n_p:], x, dense)
         if first.numel():
             allreduce(first)
+        # A non-finite entry of any rank's M reaches the summed P (Q has no zero entries in practice), and
+        # only then can the residual turn non-finite: checking this small buffer spares a pass over the
+        # bucket when, as almost always, everything is finite.
+        finite = bool(torch.isfinite(first).all())
 
         second = x.new_empty(sum(p.cols * p.rank for p in low))
-        qws = _carve(second, [(p.cols, p.rank) for p in low])
+        qws = _carve(second, [(p.rank, p.cols) for p in low])  # this rank's Qw^T
         for m, pm, qw in zip(mats, ps, qws):
             self._orthogonalize_(pm)
-            torch.matmul(m.T, pm, out=qw)
+            torch.mm(pm.T, m, out=qw)
             if self.error_feedback:
-                m.addmm_(pm, qw.T, alpha=-1.0)  # x becomes the residual
+                m.addmm_(pm, qw, alpha=-1.0)  # x becomes the residual
         if self.error_feedback:
             for p in dense:
                 x[p.offset:p.offset + p.numel].zero_()
-            state["residual"] = x.nan_to_num_(0.0, 0.0, 0.0)
+            state["residual"] = x if finite else x.nan_to_num_(0.0, 0.0, 0.0)
         if second.numel():
             allreduce(second)
 
-        for p, pm, q in zip(low, ps, qws):
-            flat[p.offset:p.offset + p.numel].view(p.rows, p.cols).copy_(pm @ q.T)
+        for p, pm, qw in zip(low, ps, qws):
+            dst = flat[p.offset:p.offset + p.numel].view(p.rows, p.cols)
+            if flat.dtype == torch.float32:
+                torch.mm(pm, qw, out=dst)
+            else:
+                dst.copy_(pm @ qw)
         _unpack(flat, first[n_p:], dense)
         if self.warm_start:
             state["q"] = qws
