@@ -19,7 +19,8 @@ Contract every compressor keeps:
   (error-feedback residuals, PowerSGD's warm-started ``Q``, a generator for stochastic rounding) lives in
   the caller's ``state`` dict, passed to every call; stateless compressors ignore it. The caller gives
   the same dict to the same input position every step (a collective that compresses a bucket block by
-  block keeps one sub-dict per block and phase inside the bucket's state).
+  block keeps one sub-dict per block and phase inside the bucket's state). A compressor may keep its
+  payload's memory in that dict: a payload stays valid until the next ``compress`` with the same state.
 * ``reduces_by`` says how a compressed all-reduce moves payloads: ``"scatter"`` (dense payloads: each
   rank reduces one block of everyone's payloads in float32, then the reduced blocks are compressed again
   and all-gathered), ``"gather"`` (sparse payloads: every rank's whole payload is all-gathered and

@@ -95,19 +95,25 @@ class ErrorFeedback(Compressor):
             raise TypeError(f"{self.name}: error feedback keeps its residual in the caller's state; pass a dict")
         dtype = torch.promote_types(flat.dtype, torch.float32)
         residual = state.get(RESIDUAL)
-        if residual is None:
-            corrected = flat.to(dtype, copy=True)
-        elif residual.shape != flat.shape:
+        if residual is not None and residual.shape != flat.shape:
             raise ValueError(f"{self.name}: input has {flat.numel()} elements but the residual kept in this "
                              f"state has {residual.numel()}; use one state per input position")
+        if residual is None or residual.dtype != dtype:
+            corrected = flat.to(dtype, copy=True) if residual is None else residual.to(dtype) + flat
         else:
-            corrected = residual.to(dtype) + flat
+            corrected = residual.add_(flat)  # the residual's memory becomes this step's corrected input
         inner_state = state.get("inner")
         if inner_state is None:
             inner_state = state["inner"] = {"seed": state["seed"]} if "seed" in state else {}
         payload, ctx = self.inner.compress(corrected, inner_state)
-        # Out of place: the payload may be a view of ``corrected`` (``none`` sends float32 as it is).
-        state[RESIDUAL] = (corrected - self.inner.decompress(payload, ctx)).nan_to_num_(0.0, 0.0, 0.0)
+        if corrected.dtype != torch.float32 or \
+                payload.untyped_storage().data_ptr() == corrected.untyped_storage().data_ptr():
+            # accumulate_ adds into float32 only; and a payload that is ``corrected`` itself (``none``)
+            # must stay intact.
+            state[RESIDUAL] = corrected - self.inner.decompress(payload, ctx)
+        else:  # corrected - decompressed, in place (a sparse payload adds only its k values)
+            state[RESIDUAL] = self.inner.accumulate_(corrected.neg_(), payload, ctx).neg_()
+        state[RESIDUAL].nan_to_num_(0.0, 0.0, 0.0)
         return payload, ctx
 
     def decompress(self, payload: torch.Tensor, ctx: Any) -> torch.Tensor:

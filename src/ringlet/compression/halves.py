@@ -15,6 +15,8 @@ from .base import Compressor, check_input
 
 __all__ = ["HalfCompressor", "FP16", "BF16"]
 
+_PIECE = 1 << 20
+
 
 class HalfCompressor(Compressor):
     """Cast to a 16-bit floating ``dtype`` on the wire, back to float32 after."""
@@ -29,10 +31,25 @@ class HalfCompressor(Compressor):
 
     def compress(self, flat: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, Any]:
         check_input(flat, self.name)
-        return flat.to(self.dtype).view(torch.uint8), flat.numel()
+        n = flat.numel()
+        payload = state.get("payload") if state is not None else None
+        if payload is None or payload.numel() != 2 * n or payload.device != flat.device:
+            payload = torch.empty(2 * n, dtype=torch.uint8, device=flat.device)
+            if state is not None:
+                state["payload"] = payload  # reused by the next call with this state
+        payload.view(self.dtype).copy_(flat)
+        return payload, n
 
     def decompress(self, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
         return typed(payload, self.dtype).float()
+
+    def accumulate_(self, acc: torch.Tensor, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """``acc += decompress(payload, ctx)``, :data:`_PIECE` elements at a time (no bucket-sized
+        float32 copy)."""
+        values = typed(payload, self.dtype)
+        for at in range(0, values.numel(), _PIECE):
+            acc[at:at + _PIECE].add_(values[at:at + _PIECE])
+        return acc
 
     def wire_bytes(self, numel: int) -> int:
         return 2 * numel

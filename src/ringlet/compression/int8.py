@@ -29,14 +29,25 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ._common import check_int, check_payload, state_generator, typed
 from .base import Compressor, check_input
 
 __all__ = ["Int8"]
 
+
+def _workspace(state: dict | None, n: int, device: torch.device) -> torch.Tensor:
+    """A float32 buffer of ``n`` elements for the scaled values, kept in ``state["work"]`` when there is a
+    state (no new bucket-sized tensor each step)."""
+    if state is None:
+        return torch.empty(n, dtype=torch.float32, device=device)
+    buf = state.get("work")
+    if buf is None or buf.numel() != n or buf.device != device:
+        buf = state["work"] = torch.empty(n, dtype=torch.float32, device=device)
+    return buf
+
 _QMAX = 127.0
+_PIECE = 4096  # chunks decompressed at a time by accumulate_
 
 
 class Int8(Compressor):
@@ -65,34 +76,62 @@ class Int8(Compressor):
     def compress(self, flat: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, Any]:
         check_input(flat, self.name)
         n, c = flat.numel(), self._chunks(flat.numel())
-        rows = F.pad(flat.to(torch.float32), (0, c * self.chunk - n)).view(c, self.chunk)
-        amax = rows.abs().amax(dim=1)
-        bad = ~torch.isfinite(amax)
-        ok = (amax > 0) & ~bad
-        # x / amax * 127 stays finite even when amax / 127 would underflow to 0.
-        vals = rows / torch.where(ok, amax, 1.0).unsqueeze(1) * _QMAX
-        vals = torch.where(ok.unsqueeze(1), vals, 0.0)
+        payload = torch.empty(n + 4 * c, dtype=torch.uint8, device=flat.device)
+        if n == 0:
+            return payload, 0
+        x = flat if flat.dtype == torch.float32 else flat.float()
+        full = n // self.chunk
+        scales = payload[:4 * c].view(torch.float32)
+        vals = _workspace(state, n, flat.device)
+        if full:
+            self._scale_rows(x[:full * self.chunk].view(full, self.chunk), scales[:full],
+                             vals[:full * self.chunk].view(full, self.chunk))
+        if full < c:  # the shorter last chunk
+            self._scale_rows(x[full * self.chunk:].view(1, -1), scales[full:], vals[full * self.chunk:].view(1, -1))
         if self.stochastic:
             gen = None if state is None else state_generator(state, flat.device, self.seed)
             vals.add_(torch.rand(vals.shape, generator=gen, device=vals.device)).floor_()
         else:
             vals.round_()
-        vals.clamp_(-_QMAX, _QMAX)
-        payload = torch.empty(n + 4 * c, dtype=torch.uint8, device=flat.device)
-        payload[:4 * c].view(torch.float32).copy_(torch.where(bad, math.nan, amax / _QMAX))
-        payload[4 * c:].view(torch.int8).copy_(vals.view(-1)[:n])
+        payload[4 * c:].view(torch.int8).copy_(vals.clamp_(-_QMAX, _QMAX))
         return payload, n
 
+    @staticmethod
+    def _scale_rows(rows: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = rows * 127 / max|row|`` (0 for all-zero and non-finite rows); ``scales = max|row| / 127``
+        (NaN for a row holding Inf or NaN)."""
+        lo, hi = rows.amin(dim=1), rows.amax(dim=1)  # two passes beat aminmax's one on a CPU
+        amax = torch.maximum(hi, lo.neg())
+        bad = ~torch.isfinite(lo) | ~torch.isfinite(hi)
+        ok = (amax > 0) & ~bad
+        # x * (127 / amax) stays finite even when amax / 127 would underflow to 0.
+        torch.mul(rows, torch.where(ok, _QMAX / amax, 0.0).unsqueeze(1), out=out)
+        if bool(bad.any()):
+            out[bad] = 0.0  # Inf * 0 is NaN; the NaN scale carries the news instead
+        scales.copy_(torch.where(bad, math.nan, amax / _QMAX))
+
     def decompress(self, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
+        n = int(ctx)
+        return self.accumulate_(torch.zeros(n, dtype=torch.float32, device=payload.device), payload, ctx)
+
+    def accumulate_(self, acc: torch.Tensor, payload: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """``acc += decompress(payload, ctx)``, a piece of :data:`_PIECE` chunks at a time, so the
+        float32 copy of the values stays small."""
         n, c = int(ctx), self._chunks(int(ctx))
         check_payload(payload, n + 4 * c, self.name)
         scales = typed(payload[:4 * c], torch.float32)
-        out = payload[4 * c:].view(torch.int8).to(torch.float32)
-        full = n // self.chunk
-        out[:full * self.chunk].view(full, self.chunk).mul_(scales[:full].unsqueeze(1))
-        if full < c:
-            out[full * self.chunk:].mul_(scales[full])
-        return out
+        values = payload[4 * c:].view(torch.int8)
+        step = _PIECE * self.chunk
+        for at in range(0, n, step):
+            q = values[at:at + step].to(torch.float32)
+            first, m = at // self.chunk, q.numel()
+            full = m // self.chunk
+            if full:
+                q[:full * self.chunk].view(full, self.chunk).mul_(scales[first:first + full].unsqueeze(1))
+            if full * self.chunk < m:
+                q[full * self.chunk:].mul_(scales[first + full])
+            acc[at:at + m].add_(q)
+        return acc
 
     def __repr__(self) -> str:
         return f"Int8(chunk={self.chunk}, stochastic={self.stochastic}, seed={self.seed})"
