@@ -4,6 +4,7 @@ agreement over ranks in-process (core queue and coordinator); MasterWeights' con
 from __future__ import annotations
 
 import pickle
+import threading
 
 import pytest
 import torch
@@ -15,9 +16,13 @@ from ringlet.torch import GradScaler, MasterWeights
 INF_STEPS = {2, 3, 9}  # overflows injected on these steps
 
 
+_SEED_LOCK = threading.Lock()  # in-process ranks are threads sharing torch's global generator
+
+
 def net(dtype=torch.float32) -> torch.nn.Module:
-    torch.manual_seed(7)
-    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+    with _SEED_LOCK:
+        torch.manual_seed(7)
+        return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
 
 
 def train(scaler, model, steps: int = 14, clip: float | None = None, inf_steps=INF_STEPS, poison=float("inf")):

@@ -176,6 +176,8 @@ class GradScaler:
             skip = optimizer.skip_synchronize() if state.synchronized else contextlib.nullcontext()
             with skip:
                 out = optimizer.step(*args, **kwargs)
+        elif hasattr(optimizer, "skip_synchronize") and hasattr(optimizer, "_synchronized"):
+            optimizer._synchronized = False  # as its skipped step() would have: the next one synchronises anew
         state.stage = _STEPPED
         return out
 
