@@ -10,6 +10,7 @@ import torch
 from conftest import run_world
 
 import ringlet
+from ringlet.torch.comm import Comm
 from ringlet.torch.training import DiLoCo, LocalSGD
 
 
@@ -109,6 +110,9 @@ def test_bad_arguments():
         with pytest.raises(TypeError):
             LocalSGD(object(), opt, period=2)
         DiLoCo(model, opt, period=2, compression="none")  # lossless: plain float32 deltas
+        if not hasattr(Comm, "allreduce_compressed_"):  # until the communicator has a compressed all-reduce
+            with pytest.raises(NotImplementedError, match="allreduce_compressed_"):
+                DiLoCo(model, opt, period=2, compression="fp16")
         return True
 
     assert run_world(1, fn) == [True]

@@ -11,7 +11,7 @@ replaces, in its parameter groups, every float16/bfloat16 parameter by a float32
 3. the masters are copied back into the model's parameters (rounded to their dtype).
 
 So the model computes in low precision while the weights accumulate small updates in float32 (a
-bfloat16 weight cannot take an update below 2^-8 of its size). Contracts:
+bfloat16 weight loses any update below about 2^-8 of its size). Contracts:
 
 * wrap after the model's parameters agree across ranks (after ``DistributedDataParallel``'s
   construction or ``broadcast_parameters``) and before the optimizer's first step (its state must be
