@@ -11,7 +11,7 @@ from conftest import run_world
 
 import ringlet
 from ringlet.torch.comm import Comm
-from ringlet.torch.training import DiLoCo, LocalSGD
+from ringlet.torch.training import DiLoCo, LocalSGD, MasterWeights
 
 
 _SEED_LOCK = threading.Lock()  # ranks are threads sharing torch's global generator
@@ -73,6 +73,41 @@ def test_every_step_equals_parameter_averaging(kind, p):
     for same, diff in run_world(p, fn):
         assert all(same)
         assert diff <= 1e-6
+
+
+@pytest.mark.parametrize("kind", ["local_sgd", "diloco"])
+def test_with_master_weights_the_masters_are_averaged(kind):
+    """A bfloat16 model with float32 masters: the masters are what is averaged (averaging the model alone
+    would be undone by the next step), and the model holds their rounded copies."""
+    def fn(rank):
+        model = net().to(torch.bfloat16)
+        if rank == 1:  # different start on purpose: the strategy's broadcast must reach the masters
+            with torch.no_grad():
+                for q in model.parameters():
+                    q.add_(1.0)
+        opt = MasterWeights(torch.optim.SGD(model.parameters(), lr=0.1))
+        strategy = (LocalSGD(model, opt, period=1) if kind == "local_sgd"
+                    else DiLoCo(model, opt, period=1, outer_lr=1.0, outer_momentum=0.0))
+        masters = [m for _, m in opt.pairs]
+        same = [identical_everywhere(flat_state(model)) and identical_everywhere(torch.cat([m.reshape(-1)
+                                                                                           for m in masters]))]
+        for step in range(3):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            opt.zero_grad()
+            model(torch.randn(5, 4, generator=g).to(torch.bfloat16)).float().square().mean().backward()
+            before = torch.cat([m.detach().reshape(-1).clone() for m in masters])
+            opt.step()
+            local = torch.cat([m.detach().reshape(-1).clone() for m in masters])
+            strategy.after_step()
+            after = torch.cat([m.detach().reshape(-1) for m in masters])
+            mean = ringlet.allreduce(local, op="avg")
+            same.append(identical_everywhere(after) and float((after - mean).abs().max()) <= 1e-6
+                        and not torch.equal(before, after)
+                        and all(torch.equal(p, m.to(torch.bfloat16)) for p, m in opt.pairs))
+        return same
+
+    for same in run_world(2, fn):
+        assert all(same), same
 
 
 def test_the_schedule():

@@ -2,7 +2,9 @@
 gradients (:mod:`.local_sgd`, :mod:`.diloco`).
 
 * trainable parameters and floating-point buffers (BatchNorm's running mean and variance): replaced by
-  their group mean, one flat all-reduce (op AVG) per (dtype, device);
+  their group mean, one flat all-reduce (op AVG) per (dtype, device). Where the optimizer is a
+  ``MasterWeights``, its float32 masters are averaged and copied into the low-precision model (averaging
+  the model alone would be undone by the next step, which copies the masters back);
 * other buffers (BatchNorm's ``num_batches_tracked``): replaced by the group's first rank's values.
 
 An all-reduce leaves the same bits on every rank, so after :func:`average_module_` every rank holds
@@ -19,8 +21,8 @@ from ringlet.types import ReduceOp
 from ..comm import Comm
 from .broadcast import broadcast_coalesced
 
-__all__ = ["average_", "average_module_", "check_count", "group_comm", "next_name", "split_buffers", "trainable",
-           "unwrap"]
+__all__ = ["average_", "average_module_", "check_count", "copy_to_model_", "group_comm", "next_name", "split_buffers",
+           "stepped", "trainable", "unwrap"]
 
 
 def next_name(kind: str) -> str:
@@ -70,13 +72,34 @@ def split_buffers(module: torch.nn.Module) -> tuple[list[torch.Tensor], list[tor
     return [b for b in bufs if b.is_floating_point()], [b for b in bufs if not b.is_floating_point()]
 
 
-def average_module_(comm: Comm, module: torch.nn.Module, name: str) -> None:
-    """Average ``module``'s trainable parameters and floating buffers over the group; other buffers from
-    the group's first rank (see the module doc). Nothing to do on a group of one."""
+def stepped(module: torch.nn.Module, optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """``(parameter, what the optimizer steps for it)`` for every trainable parameter: the float32 master
+    where ``optimizer`` is a :class:`~.master_weights.MasterWeights` holding one (the masters are the
+    weights; the model holds their rounded copies), else the parameter itself."""
+    from .master_weights import MasterWeights
+
+    masters = {id(p): m for p, m in optimizer.pairs} if isinstance(optimizer, MasterWeights) else {}
+    return [(p, masters.get(id(p), p)) for p in trainable(module)]
+
+
+@torch.no_grad()
+def copy_to_model_(pairs: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    """Write each master into its low-precision parameter (rounded); parameters without one are skipped."""
+    for p, s in pairs:
+        if s is not p:
+            p.copy_(s)
+
+
+def average_module_(comm: Comm, module: torch.nn.Module, name: str, optimizer=None) -> None:
+    """Average ``module``'s trainable parameters (their masters, with a ``MasterWeights`` optimizer, then
+    copied into the model) and floating buffers over the group; other buffers from the group's first rank
+    (see the module doc). Nothing to do on a group of one."""
     if comm.size == 1:
         return
+    pairs = stepped(module, optimizer)
     floats, others = split_buffers(module)
-    average_(comm, trainable(module) + floats, name)
+    average_(comm, [s for _, s in pairs] + floats, name)
+    copy_to_model_(pairs)
     if others:
         broadcast_coalesced(comm, others, f"{name}.int")
 
@@ -93,10 +116,14 @@ def unwrap(model: torch.nn.Module):
     return model, None
 
 
-def group_comm(module: torch.nn.Module, group, name: str) -> Comm:
-    """A :class:`Comm` of ``group`` (None: the world), after broadcasting ``module``'s parameters and
-    buffers from the group's first rank over it, as DDP's construction does (every rank starts equal)."""
+def group_comm(module: torch.nn.Module, group, name: str, optimizer=None) -> Comm:
+    """A :class:`Comm` of ``group`` (None: the world), after broadcasting ``module``'s parameters (the
+    masters, with a ``MasterWeights`` optimizer) and buffers from the group's first rank over it, as DDP's
+    construction does: every rank starts equal."""
     comm = Comm(group)
     if comm.size > 1:
-        broadcast_coalesced(comm, [p.data for p in module.parameters()] + list(module.buffers()), f"{name}.init")
+        pairs = stepped(module, optimizer)
+        frozen = [p.data for p in module.parameters() if not p.requires_grad]
+        broadcast_coalesced(comm, [t.data for _, t in pairs] + frozen + list(module.buffers()), f"{name}.init")
+        copy_to_model_(pairs)
     return comm

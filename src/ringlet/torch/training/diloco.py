@@ -23,6 +23,8 @@ Contracts:
   over its own group (DiLoCo then averages across ``group``, e.g. the world while the DDP covers one host);
 * floating-point buffers (BatchNorm's running statistics) travel in the same flat all-reduce and are
   replaced by their mean; other buffers are taken from the group's first rank;
+* with a ``MasterWeights`` inner optimizer, ``θ`` is its float32 masters (copied into the model after
+  every outer step);
 * the inner optimizer's state stays local, as in the paper; the outer state (``θ_start``, momentum) is
   in :meth:`DiLoCo.state_dict`;
 * with ``outer_lr=1, outer_momentum=0`` the outer step is plain parameter averaging;
@@ -39,7 +41,7 @@ import torch
 from ringlet import compression as _compression
 from ringlet.types import ReduceOp
 
-from .averaging import check_count, group_comm, next_name, split_buffers, trainable, unwrap
+from .averaging import check_count, copy_to_model_, group_comm, next_name, split_buffers, stepped, unwrap
 from .broadcast import broadcast_coalesced
 
 __all__ = ["DiLoCo"]
@@ -65,15 +67,15 @@ class DiLoCo:
         self.module, self._ddp = unwrap(model)
         self.optimizer = inner_optimizer
         self._name = next_name("diloco")
-        self._comm = group_comm(self.module, group, self._name)
+        self._comm = group_comm(self.module, group, self._name, inner_optimizer)
         self._compressor = _lossy(compression)
         if self._compressor is not None and not hasattr(self._comm, "allreduce_compressed_"):
             raise NotImplementedError(f"DiLoCo: compression={compression!r} needs a compressed all-reduce "
                                       "(Comm.allreduce_compressed_), which this ringlet does not have yet")
         self._compression_state: dict = {}
-        self._params = trainable(self.module)
+        self._pairs = stepped(self.module, inner_optimizer)  # (parameter, its float32 master or itself)
         self._floats, self._others = split_buffers(self.module)
-        self.anchor = [p.detach().to(torch.float32, copy=True).requires_grad_() for p in self._params]
+        self.anchor = [t.detach().to(torch.float32, copy=True).requires_grad_() for _, t in self._pairs]
         self.outer = torch.optim.SGD(self.anchor, lr=outer_lr, momentum=outer_momentum,
                                      nesterov=bool(nesterov and outer_momentum > 0))
         self.steps = 0
@@ -97,7 +99,7 @@ class DiLoCo:
     def outer_step(self) -> None:
         """Average the deltas over the group, step ``θ_start`` and reset the model to it (every rank
         together)."""
-        flat = torch.cat([(a - p.detach().to(torch.float32)).reshape(-1) for a, p in zip(self.anchor, self._params)]
+        flat = torch.cat([(a - t.detach().to(torch.float32)).reshape(-1) for a, (_, t) in zip(self.anchor, self._pairs)]
                          + [b.detach().to(torch.float32).reshape(-1) for b in self._floats])
         if self._comm.size > 1:
             self._reduce(flat)
@@ -106,9 +108,10 @@ class DiLoCo:
             a.grad = flat[off:off + a.numel()].view_as(a)
             off += a.numel()
         self.outer.step()
-        for a, p in zip(self.anchor, self._params):
-            p.copy_(a)
+        for a, (_, t) in zip(self.anchor, self._pairs):
+            t.copy_(a)
             a.grad = None
+        copy_to_model_(self._pairs)
         for b in self._floats:
             b.copy_(flat[off:off + b.numel()].view_as(b))
             off += b.numel()

@@ -25,8 +25,10 @@ So ``k`` local steps separate two averagings (the first comes ``k`` steps after 
 averages the parameters after every step. Optimizer state (momentum) stays local, as in torch. A DDP
 with ``broadcast_buffers=True`` (the default) still broadcasts buffers from the first rank before every
 forward, local ones too: pass ``broadcast_buffers=False`` to let them run locally until the next
-averaging. A plain module (not DDP) is allowed with ``warmup_steps=0``: its state is broadcast from the
-first rank of ``group`` at construction, then it trains locally with periodic averaging over ``group``.
+averaging. With a :class:`~ringlet.torch.training.master_weights.MasterWeights` optimizer the float32
+masters are averaged (and copied into the model). A plain module (not DDP) is allowed with
+``warmup_steps=0``: its state is broadcast from the first rank of ``group`` at construction, then it
+trains locally with periodic averaging over ``group``.
 
 With a skipping :class:`~ringlet.torch.training.amp.GradScaler`, step through the scaler and call
 :meth:`LocalSGD.after_step` yourself: ``scaler.step(opt); scaler.update(); local.after_step()`` (skipped
@@ -68,7 +70,7 @@ class LocalSGD:
             raise ValueError("LocalSGD: warmup_steps > 0 needs a ringlet DistributedDataParallel to average "
                              "the gradients of the warm-up steps")
         else:
-            self._comm = group_comm(self.module, group, self._name)
+            self._comm = group_comm(self.module, group, self._name, optimizer)
         self.steps = 0
         self.averagings = 0
         self._apply_phase()
@@ -97,7 +99,7 @@ class LocalSGD:
 
     def average(self) -> None:
         """Average the model over the group now (see the module doc); every rank must call it together."""
-        average_module_(self._comm, self.module, f"{self._name}.avg")
+        average_module_(self._comm, self.module, f"{self._name}.avg", self.optimizer)
         self.averagings += 1
 
     def _apply_phase(self) -> None:
