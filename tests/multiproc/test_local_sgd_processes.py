@@ -5,7 +5,7 @@ matches a simulation, bad arguments raise ``ValueError``. The cases live in ``lo
 from __future__ import annotations
 
 import pytest
-from test_amp_processes import run_worker
+from case_jobs import run_worker
 
 CASES = ["bad_arguments", "local_sgd_k1", "local_sgd_schedule", "diloco_h1", "diloco_nesterov", "coordinated"]
 
