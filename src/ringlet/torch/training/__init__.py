@@ -1,10 +1,16 @@
 """ringlet's own training layer: :class:`DistributedDataParallel` (buckets, one reduction strategy per
-bucket, overlap with backward), sufficient factors of fully connected layers, and the comm hooks for
-stock ``torch.nn.parallel.DistributedDataParallel``.
+bucket, overlap with backward), sufficient factors of fully connected layers, the comm hooks for
+stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
+overflow decision agreed by the group, :class:`MasterWeights`), and synchronising less often
+(:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas).
 
 Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
 Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
 """
+from .amp import GradScaler
 from .ddp import DistributedDataParallel
+from .diloco import DiLoCo
+from .local_sgd import LocalSGD
+from .master_weights import MasterWeights
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo"]
