@@ -140,7 +140,7 @@ def test_bad_arguments():
             DiLoCo(model, opt, period=2, outer_lr=0)
         with pytest.raises(ValueError, match="outer_momentum"):
             DiLoCo(model, opt, period=2, outer_momentum=1.0)
-        with pytest.raises(ValueError, match="unknown compressor"):
+        with pytest.raises(ValueError, match="compressor .zip."):
             DiLoCo(model, opt, period=2, compression="zip")
         with pytest.raises(TypeError):
             LocalSGD(object(), opt, period=2)
