@@ -13,7 +13,8 @@ factors and the step tuner off (so every gradient goes through the arm's compres
 * a compressor name of :func:`ringlet.compression.get` (``fp16``, ``bf16``, ``int8+ef``, ``topk:0.01``,
   ``topk:0.01+ef``, ``powersgd:2``, ...);
 * ``localsgd:K``: post-local SGD, parameters averaged every ``K`` steps after one epoch of synchronous
-  steps; ``diloco:H``: the DiLoCo-style outer step every ``H`` inner steps.
+  steps; ``diloco:H[:LR[:MOMENTUM]]``: the DiLoCo-style outer step every ``H`` inner steps (outer Nesterov
+  SGD, lr 0.7 and momentum 0.9 by default, the paper's). Both synchronise once more after the last step.
 
 Prints one markdown table: final test accuracy per arm and model, and the difference to ``fp32``.
 Parameters are checked equal on every rank at the end of each arm.
@@ -35,7 +36,7 @@ import ringlet  # noqa: E402
 import ringlet.torch  # noqa: E402
 
 DEFAULT_ARMS = ("fp32", "fp16", "bf16", "int8+ef", "powersgd:2", "powersgd:4", "topk:0.01+ef", "topk:0.01",
-                "localsgd:2", "localsgd:4", "diloco:8")
+                "localsgd:2", "localsgd:4", "diloco:8", "diloco:8:0.7:0.5", "diloco:4:0.7:0.5")
 
 
 def mlp() -> nn.Module:
@@ -53,22 +54,26 @@ MODELS = {"mlp": mlp, "cnn": cnn}
 
 
 def build(arm: str, model: nn.Module, opt: torch.optim.Optimizer, steps_per_epoch: int):
-    """``(module to call, step function)`` for ``arm``; the step function runs after backward."""
+    """``(module to call, step function, finish)`` for ``arm``: the step function runs after backward,
+    ``finish`` once after the last step (local SGD and DiLoCo synchronise there, so that every rank holds
+    the model that is tested)."""
     kind, _, arg = arm.partition(":")
     if kind == "localsgd":
         from ringlet.torch.training import LocalSGD  # noqa: PLC0415
 
         ddp = ringlet.torch.DistributedDataParallel(model, sufficient_factors=False, tune=False)
         local = LocalSGD(ddp, opt, period=int(arg), warmup_steps=steps_per_epoch)
-        return local.model, local.step
+        return ddp, local.step, local.average
     if kind == "diloco":
         from ringlet.torch.training import DiLoCo  # noqa: PLC0415
 
-        outer = DiLoCo(model, opt, period=int(arg))
-        return model, outer.step
+        period, _, rest = arg.partition(":")
+        lr, _, momentum = rest.partition(":")
+        outer = DiLoCo(model, opt, period=int(period), outer_lr=float(lr or 0.7), outer_momentum=float(momentum or 0.9))
+        return model, outer.step, outer.outer_step
     extra = {} if arm == "fp32" else {"compression": arm}
     ddp = ringlet.torch.DistributedDataParallel(model, sufficient_factors=False, tune=False, **extra)
-    return ddp, opt.step
+    return ddp, opt.step, lambda: None
 
 
 def train(arm: str, make, args, seed: int, train_set, test_set, rank: int, size: int) -> float:
@@ -77,7 +82,7 @@ def train(arm: str, make, args, seed: int, train_set, test_set, rank: int, size:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     x, y = train_set.tensors
     steps_per_epoch = len(y) // (args.batch_size * size)
-    net, step = build(arm, model, opt, steps_per_epoch)
+    net, step, finish = build(arm, model, opt, steps_per_epoch)
     for epoch in range(args.epochs):
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         mine = order[rank::size]
@@ -86,6 +91,7 @@ def train(arm: str, make, args, seed: int, train_set, test_set, rank: int, size:
             opt.zero_grad()
             F.cross_entropy(net(x[idx]), y[idx]).backward()
             step()
+    finish()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ref = flat.clone()
     ringlet.broadcast_(ref, 0)
