@@ -22,6 +22,8 @@ rank without any communication (the compute floor: its CPU per thread is what th
 (``rank=R``, default 2; torch's PowerSGD hook runs on Gloo only with one bucket, so give it
 ``bucket_cap_mb=100``), or ``ringlet.FUNCTION`` for a hook of ``ringlet.torch.hooks`` with a fresh
 ``HookState`` (``state.NAME=VALUE`` options set on it).
+``localsgd[:period=K,warmup_steps=W,NAME=VALUE,...]`` is post-local SGD
+(``ringlet.torch.training.LocalSGD``, default ``K`` 4) over ringlet's DDP (the other options are the DDP's).
 ``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
@@ -67,10 +69,27 @@ def _value(text: str):
 
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
-    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd"):
+    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd"):
         raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
                          "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
+
+
+class _LocalStepper:
+    """The optimizer of a ``localsgd`` arm: ``step()`` is LocalSGD's (the optimizer's step, then the
+    periodic averaging); ``finish()`` averages once more so that the ranks' parameters can be compared."""
+
+    def __init__(self, opt, local):
+        self.opt, self.local = opt, local
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad()
+
+    def step(self) -> None:
+        self.local.step()
+
+    def finish(self) -> None:
+        self.local.average()
 
 
 def _torch_hook(opts: dict):
@@ -145,6 +164,12 @@ def main() -> None:
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
             if hook is not None:
                 wrapped.register_comm_hook(*hook)
+        elif kind == "localsgd":  # post-local SGD over ringlet's DDP: period, warmup_steps; the rest to the DDP
+            from ringlet.torch.training import LocalSGD
+
+            period, warmup = int(opts.pop("period", 4)), int(opts.pop("warmup_steps", 0))
+            wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
+            optimizer = _LocalStepper(optimizer, LocalSGD(wrapped, optimizer, period=period, warmup_steps=warmup))
         else:
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
@@ -192,9 +217,11 @@ def main() -> None:
                 thread_ms[spec][key] = thread_ms[spec].get(key, 0.0) + user + system - user0 - system0
 
     # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
-    for spec, model, _ in arms:
+    for spec, model, opt in arms:
         if spec == "local":
             continue
+        if isinstance(opt, _LocalStepper):
+            opt.finish()
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         ref = flat.clone()
         dist.broadcast(ref, 0)
