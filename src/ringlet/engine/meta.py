@@ -150,6 +150,9 @@ def _shape_mismatch(kind: str, first: Meta, m: Meta) -> str | None:
 # The fields compared after kind, dtype and shape, in order: (field, the kinds it matters for or None
 # for all, how a value is shown, the message with {kind}, {a} and {b}).
 _FIELD_CHECKS = (
+    # Names differ only where all-reduces are matched by order, not by name (compressed ones in Comm).
+    ("name", (Kind.ALLREDUCE,), repr,
+     "Mismatched {kind} tensor names: One rank sent {a}, but another rank sent {b} (submitted in another order?)."),
     ("op", (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE), lambda v: ReduceOp(v).name,
      "Mismatched {kind} reduction ops: One rank used {a}, but another rank used {b}."),
     ("compression", (Kind.ALLREDUCE,), lambda v: repr(v) if v else "no compression",
