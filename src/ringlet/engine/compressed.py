@@ -38,7 +38,9 @@ same block meets the same sub-dict every step. ``algorithm``: the all-reduce alg
 ``"custom"``; for the others ``"direct"`` picks the direct all-gather, anything else the ring.
 
 Tags: the phases of one call use the channel's steps ``[0, 2p)`` (the all-to-all or the ring hops
-first, the all-gather from step ``p``).
+first, the all-gather from step ``p``). Memory: the byte buffers that payloads travel in are kept in the
+channel's workspace between calls, like the executor's scratch (fresh buffers of tens of MiB cost a
+page fault per 4 KiB every call).
 """
 from __future__ import annotations
 
@@ -93,6 +95,18 @@ class _Job:
     average: bool
     algorithm: str
     shapes: Sequence[tuple[int, ...]] | None
+
+    def buffer(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """``nbytes`` bytes for one role of this call (``send``, ``recv``, ``gather``), kept in the
+        channel's workspace between calls when it has one."""
+        ws = self.ch.workspace
+        if ws is None:
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        key = ("engine.compressed", role, device)
+        buf = ws.get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = ws[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return buf[:nbytes]
 
     def phase(self, first_step: int) -> Channel:
         """The channel whose step 0 is this call's step ``first_step``."""
@@ -207,7 +221,7 @@ def _allgather_blocks(job: _Job, blocks: _Blocks, reduced: torch.Tensor, ctxs: _
     """This rank's reduced block compressed again, every block's payload all-gathered, and every block
     (this rank's too) decompressed from the gathered payloads into ``out``."""
     ch, comp, me = job.ch, job.comp, job.ch.rank
-    buf = torch.empty(blocks.total_wire, dtype=torch.uint8, device=out.device)
+    buf = job.buffer("gather", blocks.total_wire, out.device)
     if blocks.counts[me]:
         _put(blocks.payload(buf, me), ctxs.compress(reduced, job.sub("ag", me)), comp)
     ops.allgather_(job.phase(ch.size), buf, blocks.wire, job.gather_algorithm)
@@ -233,13 +247,13 @@ def _scatter(job: _Job, work: torch.Tensor) -> torch.Tensor:
     p, me = ch.size, ch.rank
     blocks = _Blocks.of(work.numel(), p, comp)
     ctxs = _Contexts(comp, work.device)
-    send = torch.empty(blocks.total_wire, dtype=torch.uint8, device=work.device)
+    send = job.buffer("send", blocks.total_wire, work.device)
     for j, c in enumerate(blocks.counts):
         if c:
             _put(blocks.payload(send, j), ctxs.compress(blocks.elems(work, j), job.sub("rs", j)), comp)
     # Every rank sends block d's payload to rank d and receives p payloads of its own block, in rank order.
-    recv, _ = ops.alltoall_rows(job.phase(0), send, [list(blocks.wire)] * p)
     own, w = blocks.counts[me], blocks.wire[me]
+    recv, _ = ops.alltoall_rows(job.phase(0), send, [list(blocks.wire)] * p, job.buffer("recv", p * w, work.device))
     reduced = torch.zeros(own, dtype=torch.float32, device=work.device)
     if own:
         ctx = ctxs.of(own)
@@ -259,7 +273,7 @@ def _ring(job: _Job, work: torch.Tensor) -> torch.Tensor:
     for s in range(p - 1):
         # Hop s: rank r forwards its partial sum of block r-s-1; this rank receives block me-s-2.
         sizes = tuple(blocks.wire[(r - s - 1) % p] for r in range(p))
-        recv = torch.empty(sizes[(me - 1) % p], dtype=torch.uint8, device=work.device)
+        recv = job.buffer("recv", sizes[(me - 1) % p], work.device)
         job.phase(s).run(ring.shift(p, sizes), (recv, payload))
         b = (me - s - 2) % p
         acc = blocks.elems(work, b).clone()
@@ -283,7 +297,7 @@ def _gather(job: _Job, work: torch.Tensor) -> torch.Tensor:
     p, me, n = ch.size, ch.rank, work.numel()
     w = comp.wire_bytes(n)
     payload, ctx = comp.compress(work, job.state)
-    buf = torch.empty(p * w, dtype=torch.uint8, device=work.device)
+    buf = job.buffer("gather", p * w, work.device)
     _put(buf[me * w:(me + 1) * w], payload, comp)
     ops.allgather_(ch, buf, [w] * p, job.gather_algorithm)
     acc = torch.zeros(n, dtype=torch.float32, device=work.device)
