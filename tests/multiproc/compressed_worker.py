@@ -126,8 +126,6 @@ def train(wrapped, params, steps: int = 4, opt=None):
 
 
 def stock(pg, hook=None, state=None):
-    import torch.distributed as dist  # noqa: F401
-
     m = net()
     ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=pg, bucket_cap_mb=0.001)
     if hook is not None:
