@@ -102,6 +102,7 @@ def test_no_sync_accumulates_then_reduces_compressed():
 def test_state_per_bucket_lines_up_across_steps():
     def fn(rank):
         ddp, net = train(rank, 4, compression=FakeEF())  # raises if a bucket met another bucket's state
+        assert ddp.compression_states == [b.reduction.state for b in ddp._buckets]
         return [sorted(k for k in b.reduction.state) for b in ddp._buckets], flat_params(net)
 
     res = run_world(2, fn)

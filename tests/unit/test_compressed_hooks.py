@@ -61,6 +61,7 @@ def test_compressed_hook_uses_the_states_compressor_and_keeps_state_per_bucket_a
         comp_state = st.bucket(0).data[keys0[0]]
         # torch rebuilt bucket 0 with other parameters: its compressor state starts afresh.
         hooks.compressed_hook(st, bucket_of(rank, p, 0, shapes=((2, 2), (5,)))).wait()
+        assert len(st.compression_states()) == 2 and all(s["calls"] == 1 for s in st.compression_states())
         return first, keys0, comp_state, list(st.bucket(0).data)
 
     for first, keys0, comp_state, keys_after in run_world(p, fn):

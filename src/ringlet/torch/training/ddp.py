@@ -226,6 +226,13 @@ class DistributedDataParallel(torch.nn.Module):
         return self._ctx.fallbacks
 
     @property
+    def compression_states(self) -> list[dict]:
+        """The compressor state of every compressed bucket, of both bucket sets (error-feedback residuals
+        live there: a loss scaler rescales them when its scale changes)."""
+        sets = [s for s in (self._sets.dense, self._sets.factored) if s is not None]
+        return [b.reduction.state for s in sets for b in s.buckets if isinstance(b.reduction, CompressedReduction)]
+
+    @property
     def fresh_buffers(self) -> int:
         """Buckets replaced because something besides the lent ``.grad`` views still held their memory."""
         return self._ctx.fresh_buffers

@@ -100,6 +100,12 @@ class HookState:
             st = self.buckets[index] = BucketState(index)
         return st
 
+    def compression_states(self) -> list[dict]:
+        """The compressor state of every bucket the compressed hooks reduced (error-feedback residuals
+        live there: a loss scaler rescales them when its scale changes)."""
+        return [v for b in self.buckets.values() for k, v in b.data.items()
+                if isinstance(k, tuple) and k[:1] == ("compression",)]
+
     def comm(self) -> "Comm":
         """The communicator, initialising ringlet first if needed; rebuilt when ringlet or
         ``ringlet.torch`` was initialised or shut down since the last call."""
