@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from . import compression as _compression
 from .engine import agree, args, ops
+from .engine.compressed import compressed_allreduce_, describe
 from .engine.meta import Kind, Meta
 from .group import Group
 from .runtime import Runtime, Work
@@ -94,8 +97,51 @@ def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, alg
     return buf
 
 
+@dataclass(frozen=True, slots=True)
+class Compressed:
+    """A compressed all-reduce's choices (see :mod:`ringlet.engine.compressed`): the compressor, the
+    caller's ``state`` dict for this tensor (kept between calls: error-feedback residuals), the
+    ``shapes`` the flat tensor concatenates (for compressors with their own schedule), a ``strategy``
+    other than the compressor's own, and the ``name`` that a mismatch error shows."""
+
+    compressor: _compression.Compressor
+    state: dict | None = None
+    shapes: tuple | None = None
+    strategy: str | None = None
+    name: str = ""
+
+    @staticmethod
+    def of(compression, state: dict | None) -> "Compressed | None":
+        """From the core API's ``compression=`` (None: no compression) and ``compression_state=``."""
+        return None if compression is None else Compressed(_compression.get(compression), state)
+
+
+def _run_compressed(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
+                    post: float, check: bool, spec: Compressed) -> torch.Tensor:
+    ch = rt.channel(g)
+    flat = buf.view(-1)
+    if check:
+        agree.agree(ch, Meta.of(spec.name, Kind.ALLREDUCE, buf, op=red.op, pre=pre, post=post,
+                                algorithm="" if algo == select.AUTO else algo,
+                                compression=describe(spec.compressor, flat.numel(), spec.strategy)))
+    ops.scale_(flat, pre)
+    compressed_allreduce_(ch, flat, spec.compressor, spec.state, red.averages, spec.shapes,
+                          strategy=spec.strategy, algorithm=algo)
+    return ops.scale_(buf, post)
+
+
+def _check_compressed(tensor: torch.Tensor, red: Reduction, spec: Compressed) -> None:
+    if red.op not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise ValueError(f"A compressed all-reduce sums or averages; op {red.name!r} is not supported with "
+                         "compression.")
+    if not tensor.is_floating_point():
+        raise ValueError(f"Compression needs a floating tensor, got {tensor.dtype}.")
+    if spec.state is not None and not isinstance(spec.state, dict):
+        raise ValueError(f"compression_state must be a dict, got {type(spec.state).__name__}.")
+
+
 def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, *, inplace, sync,
-                      check: bool | None = None) -> Work:
+                      check: bool | None = None, compressed: Compressed | None = None) -> Work:
     rt = runtime()
     check = rt.options.check if check is None else bool(check)
     _check_tensor(tensor)
@@ -103,12 +149,17 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     g = _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
     buf = tensor if inplace else tensor.clone()
+    if compressed is not None:
+        _check_compressed(tensor, red, compressed)
+        return rt.submit(lambda: _run_compressed(rt, g, buf, red, algo, prescale_factor, postscale_factor, check,
+                                                 compressed), sync=sync)
     return rt.submit(lambda: _run_allreduce(rt, g, buf, red, algo, prescale_factor, postscale_factor, check),
                      sync=sync)
 
 
 def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", group: Group | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0, *, check: bool | None = None) -> torch.Tensor:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, *, check: bool | None = None,
+              compression=None, compression_state: dict | None = None) -> torch.Tensor:
     """Return ``postscale * reduce_op(prescale * tensor over all ranks of group)``.
 
     ``op``: sum, avg (sum then divide by the group size), min, max, product. Integer tensors are
@@ -120,30 +171,56 @@ def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", gr
     (default: ``RINGLET_CHECK``, on). ``False`` saves that exchange when the caller already knows the
     ranks agree, e.g. a layout validated once and then reused; a mismatch then gives wrong results or a
     timeout instead of a :class:`MismatchError`.
+
+    ``compression``: None (the tensor travels as it is), a name (``"fp16"``, ``"bf16"``, ``"none"``,
+    whatever :func:`ringlet.compression.get` knows) or a :class:`ringlet.compression.Compressor`: what
+    travels are the compressor's payloads, summed in float32 (:mod:`ringlet.engine.compressed`; docs/
+    compression.md), and the result comes back in the tensor's dtype, the same bits on every rank. Sum and
+    avg of floating tensors only (``ValueError`` otherwise); the compression is part of what the ranks
+    check. ``compression_state``: a dict kept by the caller for this tensor and passed on every call
+    (error-feedback residuals live there); None: a fresh one each call.
     """
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=True, check=check).wait()
+                             inplace=False, sync=True, check=check,
+                             compressed=Compressed.of(compression, compression_state)).wait()
 
 
 def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-                    postscale_factor=1.0, *, check: bool | None = None) -> Work:
+                    postscale_factor=1.0, *, check: bool | None = None, compression=None,
+                    compression_state: dict | None = None) -> Work:
     """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=False, check=check)
+                             inplace=False, sync=False, check=check,
+                             compressed=Compressed.of(compression, compression_state))
 
 
 def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-               postscale_factor=1.0, *, check: bool | None = None) -> torch.Tensor:
+               postscale_factor=1.0, *, check: bool | None = None, compression=None,
+               compression_state: dict | None = None) -> torch.Tensor:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=True, check=check).wait()
+                             inplace=True, sync=True, check=check,
+                             compressed=Compressed.of(compression, compression_state)).wait()
 
 
 def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
-                     postscale_factor=1.0, *, check: bool | None = None) -> Work:
+                     postscale_factor=1.0, *, check: bool | None = None, compression=None,
+                     compression_state: dict | None = None) -> Work:
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until the handle completes."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=False, check=check)
+                             inplace=True, sync=False, check=check,
+                             compressed=Compressed.of(compression, compression_state))
+
+
+def compressed_allreduce_async_(tensor: torch.Tensor, spec: Compressed, *, average: bool = True,
+                                algorithm: str = "auto", group: Group | None = None,
+                                check: bool | None = None) -> Work:
+    """In place: the compressed all-reduce (sum, or ``average``) of ``tensor`` on the core queue, with
+    every choice of ``spec`` (shapes, strategy, name); the training front ends' entry
+    (:meth:`ringlet.torch.comm.Comm.allreduce_compressed_`)."""
+    op = ReduceOp.AVG if average else ReduceOp.SUM
+    return _allreduce_submit(tensor, op, algorithm, group, 1.0, 1.0, inplace=True, sync=False, check=check,
+                             compressed=spec)
 
 
 # ---- broadcast and reduce -----------------------------------------------------------------------

@@ -64,3 +64,15 @@ def allgather(p: int, counts: tuple[int, ...]) -> Schedule:
     b = ScheduleBuilder("ring_allgather", p)
     allgather_phase(b, p, _chunks(counts), owner_shift=0)
     return b.build()
+
+
+@functools.lru_cache(maxsize=256)
+def shift(p: int, counts: tuple[int, ...]) -> Schedule:
+    """One ring hop: rank ``r`` sends the first ``counts[r]`` elements of buffer 1 to rank ``(r+1) % p``,
+    which receives them at the front of its buffer 0. For collectives that compute between hops (the
+    compressed ring of :mod:`ringlet.engine.compressed` re-quantises every partial sum)."""
+    b = ScheduleBuilder("ring_shift", p)
+    b.new_step()
+    for r in range(p):
+        b.add(r, (r + 1) % p, 0, counts[r], src_buf=1, dst_buf=0)
+    return b.build()

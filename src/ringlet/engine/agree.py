@@ -13,6 +13,8 @@ mismatch); elsewhere they exchange the records at once. A disagreement raises th
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..algorithms import direct, ring
@@ -22,8 +24,10 @@ from .channel import Channel
 from .meta import Meta, mismatch
 
 _DIRECT_UP_TO = 16  # members; beyond that the all-gather of slots goes round the ring
-_RECORD_SLOT = 192  # bytes of a record without splits: header, up to 16 dims, a forced algorithm name
+_RECORD_SLOT = 320  # bytes of a record without splits: header, up to 16 dims, a name of up to 64 bytes, a
+                   # forced algorithm name, a compression
 _MAX_DIMS = 16
+_MAX_NAME = 64
 
 
 def exchange(ch: Channel, payload: bytes, slot: int) -> list[bytes]:
@@ -55,14 +59,18 @@ def digest_agrees(ch: Channel, meta: Meta) -> bool:
 
 
 def _clipped(meta: Meta) -> Meta:
-    """The record with at most 16 dimensions (the rest folded into the last), so that it fits a slot."""
-    if len(meta.shape) <= _MAX_DIMS:
+    """The record with at most 16 dimensions (the rest folded into the last) and a name of at most 64
+    bytes, so that it fits a slot."""
+    if len(meta.shape) <= _MAX_DIMS and len(meta.name.encode()) <= _MAX_NAME:
         return meta
-    tail = 1
-    for s in meta.shape[_MAX_DIMS - 1:]:
-        tail *= s
-    return Meta(meta.name, meta.kind, meta.ps_id, meta.dtype, meta.shape[:_MAX_DIMS - 1] + (tail,), meta.op,
-                meta.root, meta.pre, meta.post, meta.device, meta.splits, meta.algorithm)
+    shape = meta.shape
+    if len(shape) > _MAX_DIMS:
+        tail = 1
+        for s in shape[_MAX_DIMS - 1:]:
+            tail *= s
+        shape = shape[:_MAX_DIMS - 1] + (tail,)
+    name = meta.name.encode()[:_MAX_NAME].decode(errors="ignore")
+    return dataclasses.replace(meta, name=name, shape=shape)
 
 
 def exchange_records(ch: Channel, meta: Meta) -> list[Meta]:

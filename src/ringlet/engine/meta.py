@@ -51,7 +51,8 @@ class Meta:
 
     ``ps_id``: the process set (Horovod) or group id; ``splits``: all-to-all rows sent to each member,
     or a control op's arguments; ``algorithm``: an algorithm the caller forced ("" when chosen for it);
-    ``device``: -1 for CPU, else the device index.
+    ``device``: -1 for CPU, else the device index; ``compression``: how a compressed all-reduce travels
+    (:func:`ringlet.engine.compressed.describe`: compressor, strategy, payload size), "" for none.
     """
 
     name: str
@@ -66,6 +67,7 @@ class Meta:
     device: int = -1
     splits: tuple[int, ...] = ()
     algorithm: str = ""
+    compression: str = ""
 
     @staticmethod
     def of(name: str, kind: int, t: torch.Tensor | None, **kw) -> "Meta":
@@ -76,12 +78,13 @@ class Meta:
         return Meta(name, kind, dtype=DTYPE_CODE[t.dtype], shape=tuple(t.shape), device=device, **kw)
 
     def encode(self) -> bytes:
-        name, algo = self.name.encode(), self.algorithm.encode()
+        name, algo, comp = self.name.encode(), self.algorithm.encode(), self.compression.encode()
         return b"".join((
             _HEAD.pack(self.ps_id, self.kind, self.dtype, self.op, self.device, self.root, self.pre, self.post),
             struct.pack(f"<B{len(self.shape)}q", len(self.shape), *self.shape),
             struct.pack(f"<I{len(self.splits)}q", len(self.splits), *self.splits),
             struct.pack("<H", len(name)), name, struct.pack("<B", len(algo)), algo,
+            struct.pack("<B", len(comp)), comp,
         ))
 
     @staticmethod
@@ -99,8 +102,10 @@ class Meta:
         name = bytes(buf[off + 2:off + 2 + nl]).decode()
         off += 2 + nl
         algo = bytes(buf[off + 1:off + 1 + buf[off]]).decode()
-        return (Meta(name, kind, ps_id, dtype, tuple(shape), op, root, pre, post, device, tuple(splits), algo),
-                off + 1 + len(algo))
+        off += 1 + buf[off]
+        comp = bytes(buf[off + 1:off + 1 + buf[off]]).decode()
+        return (Meta(name, kind, ps_id, dtype, tuple(shape), op, root, pre, post, device, tuple(splits), algo, comp),
+                off + 1 + buf[off])
 
     def digest(self) -> int:
         """62 bits of a hash of the whole record: equal records give equal digests on every rank, and
@@ -145,8 +150,13 @@ def _shape_mismatch(kind: str, first: Meta, m: Meta) -> str | None:
 # The fields compared after kind, dtype and shape, in order: (field, the kinds it matters for or None
 # for all, how a value is shown, the message with {kind}, {a} and {b}).
 _FIELD_CHECKS = (
+    # Names differ only where all-reduces are matched by order, not by name (compressed ones in Comm).
+    ("name", (Kind.ALLREDUCE,), repr,
+     "Mismatched {kind} tensor names: One rank sent {a}, but another rank sent {b} (submitted in another order?)."),
     ("op", (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE), lambda v: ReduceOp(v).name,
      "Mismatched {kind} reduction ops: One rank used {a}, but another rank used {b}."),
+    ("compression", (Kind.ALLREDUCE,), lambda v: repr(v) if v else "no compression",
+     "Mismatched {kind} compression: One rank used {a}, but another rank used {b}."),
     ("root", (Kind.BROADCAST, Kind.REDUCE), str,
      "Mismatched {kind} root ranks: One rank specified root rank {a}, but another rank specified root rank {b}."),
     ("algorithm", None, lambda v: repr(v or "auto"),

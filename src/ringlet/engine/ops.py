@@ -156,13 +156,16 @@ def reduce_(ch: Channel, flat: torch.Tensor, root: int, red: Reduction) -> None:
 
 
 # ---- all-to-all and barrier ---------------------------------------------------------------------------
-def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
+def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]],
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
     """Member ``s`` sends ``all_splits[s][d]`` rows of its ``t`` to member ``d``; returns the received
-    rows concatenated in rank order and how many came from each member."""
+    rows concatenated in rank order (in ``out`` when given: contiguous, of that shape and ``t``'s dtype)
+    and how many came from each member."""
     me = ch.rank
     row = row_numel(t)
     recv = [all_splits[s][me] for s in range(ch.size)]
-    out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    if out is None:
+        out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
     src, dst = t.reshape(-1), out.view(-1)
     mine = all_splits[me]
     s_off, r_off, n_self = sum(mine[:me]) * row, sum(recv[:me]) * row, mine[me] * row

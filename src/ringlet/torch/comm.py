@@ -10,18 +10,20 @@ which chains with ``then()`` — and run in one of two ways:
 * the Horovod coordinator, when ``ringlet.torch`` is initialised: ops are matched by ``name`` on every
   rank, so the order of submission does not matter and the coordinator records their timeline phases.
 
-Jobs of several collectives with computation between them (:meth:`Comm.submit`) always run on the core
-queue, in submission order, beside the coordinator (their tags never meet its). Errors reach the
-future: ``wait()`` raises the op's exception.
+Jobs of several collectives with computation between them (:meth:`Comm.submit`) and compressed
+all-reduces (:meth:`Comm.allreduce_compressed_`) always run on the core queue, in submission order,
+beside the coordinator (their tags never meet its). Errors reach the future: ``wait()`` raises the op's
+exception.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 import ringlet
 from ringlet import collectives as _core
+from ringlet import compression as _compression
 from ringlet.group import Group
 from ringlet.types import ReduceOp
 
@@ -136,6 +138,27 @@ class Comm:
             return _from_handle(mpi_ops.broadcast_async_(t, self.root, name=name,
                                                                     process_set=self.process_set))
         return _from_work(ringlet.broadcast_async_(t, self.root, group=self.group))
+
+    def allreduce_compressed_(self, t: torch.Tensor, compressor, state: dict | None, name: str,
+                              average: bool = True, shapes: Sequence[Sequence[int]] | None = None, *,
+                              check: bool | None = None, algorithm: str | None = None,
+                              strategy: str | None = None) -> CommFuture:
+        """In-place compressed all-reduce of the floating ``t`` (sum, or the average with ``average``); the
+        future's value is ``t``. ``compressor``: a :class:`ringlet.compression.Compressor` or a name for
+        :func:`ringlet.compression.get`; ``state``: the caller's dict for this tensor, the same every call
+        (residuals, PowerSGD's ``Q``); ``shapes``: the tensors ``t`` concatenates (PowerSGD);
+        ``strategy``: another than the compressor's own (:mod:`ringlet.engine.compressed`).
+
+        On both paths this is a job on ringlet's core queue, like :meth:`submit`: every rank must submit its
+        compressed all-reduces in the same order (with ``ringlet.torch`` initialised they are not matched
+        by name; they run beside the coordinator). ``name`` is part of the checked record, so ranks that
+        submit in different orders get a MismatchError naming the tensor, not wrong sums; ``check`` and
+        ``algorithm`` as in :func:`ringlet.allreduce`."""
+        spec = _core.Compressed(_compression.get(compressor), state,
+                                None if shapes is None else tuple(tuple(s) for s in shapes), strategy, name)
+        work = _core.compressed_allreduce_async_(t, spec, average=average, algorithm=algorithm or self.algorithm,
+                                                 group=self.group, check=check)
+        return _from_work(work)
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:

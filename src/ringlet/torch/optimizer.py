@@ -5,6 +5,10 @@ gradient's all-reduce (named after the parameter, so ranks whose hooks fire in d
 match) as soon as the last of ``backward_passes_per_step`` passes has produced it; ``step()`` only
 waits for the results. Gradients of several backward passes are summed locally first (scale the loss by
 ``1 / backward_passes_per_step`` for an average). ``groups`` gathers parameters into grouped all-reduces.
+
+``compression``: Horovod's ``Compression.none`` / ``Compression.fp16`` (a cast around the name-matched
+all-reduce), or a ringlet :class:`~ringlet.compression.Compressor` (or its name), whose reductions go
+through the compressed all-reduce in a fixed order instead (:mod:`.compressed_grads`).
 """
 from __future__ import annotations
 
@@ -16,9 +20,12 @@ import torch
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
+from ringlet import compression as _ringlet_compression
+
 from . import mpi_ops
 from .basics import size as _world_size
 from .comm import Comm
+from .compressed_grads import CompressedGradients
 from .compression import Compression
 from .process_sets import global_process_set
 
@@ -65,6 +72,24 @@ class _DistributedOptimizer:
             for p in members:
                 self._group_of[p] = gi
         self._group_ready = [set() for _ in self._groups]
+        self._compressed: CompressedGradients | None = None
+        if _is_ringlet_compressor(compression) and self._comm is not None:
+            self._compressed = CompressedGradients(
+                self._comm, _ringlet_compression.get(compression), self._units(), self._parameter_names,
+                op == mpi_ops.Average, gradient_predivide_factor)
+
+    def _units(self) -> list[list]:
+        """The compressed reductions' units in launch order: each group, or each parameter outside the
+        groups, in reverse parameter order (about the order backward produces them)."""
+        units, seen = [], set()
+        for p in reversed(self._requires_update):
+            gi = self._group_of.get(p)
+            if gi is None:
+                units.append([p])
+            elif gi not in seen:
+                seen.add(gi)
+                units.append(self._groups[gi])
+        return units
 
     # ---- hooks -----------------------------------------------------------------------------------
     def _register_hooks(self) -> None:
@@ -89,6 +114,10 @@ class _DistributedOptimizer:
         self._allreduce_delay[p] -= 1
         if self._allreduce_delay[p] > 0:
             self._handles[p] = (None, None)  # accumulating: counts as pending for zero_grad()
+            return
+        if self._compressed is not None:
+            self._handles[p] = (None, None)
+            self._compressed.ready(p, self._dense_grad)
             return
         gi = self._group_of.get(p)
         if gi is None:
@@ -165,6 +194,14 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
+        if self._compressed is not None:
+            try:
+                self._compressed.finish(self._dense_grad)
+                self._resparsify()
+            finally:
+                self._end_step()
+            self._synchronized = True
+            return
         for p in self._requires_update:
             entry = self._handles.get(p)
             if entry is None or entry[0] is None:
@@ -192,13 +229,18 @@ class _DistributedOptimizer:
                     p.grad.copy_(result)
             self._resparsify()
         finally:
-            self._sparse_dim.clear()
-            self._handles.clear()
-            for p in self._requires_update:
-                self._allreduce_delay[p] = self.backward_passes_per_step
-            for ready in self._group_ready:
-                ready.clear()
+            self._end_step()
         self._synchronized = True
+
+    def _end_step(self) -> None:
+        self._sparse_dim.clear()
+        self._handles.clear()
+        for p in self._requires_update:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        for ready in self._group_ready:
+            ready.clear()
+        if self._compressed is not None:
+            self._compressed.reset()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -238,6 +280,10 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
+
+
+def _is_ringlet_compressor(compression) -> bool:
+    return isinstance(compression, (str, _ringlet_compression.Compressor))
 
 
 def _check_passes(passes) -> None:
@@ -322,6 +368,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     the step, so optimizers that take only sparse gradients (``SparseAdam``) work; otherwise sparse
     gradients are all-gathered. Hooks are only installed when the job has more
     than one rank.
+
+    ``compression``: ``Compression.none`` (default) or ``Compression.fp16`` as in Horovod (floating
+    gradients travel as float16 through the name-matched all-reduce and are cast back), or a ringlet
+    :class:`~ringlet.compression.Compressor` or compressor name (``"fp16"``, ``"int8+ef"``,
+    ``"powersgd"``...): each gradient or group then goes through the compressed all-reduce (float32
+    accumulation, the compressor's state kept per gradient), launched in a fixed order rather than
+    matched by name (:mod:`ringlet.torch.compressed_grads`); ``op`` must be ``Average`` or ``Sum``
+    (``ValueError`` otherwise, and for an unknown name).
     """
     if op == mpi_ops.Adasum:
         raise NotImplementedError("Adasum is not implemented by ringlet; use op=hvd.Average or hvd.Sum.")
@@ -332,6 +386,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if gradient_predivide_factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}.")
+    if _is_ringlet_compressor(compression):
+        _ringlet_compression.get(compression)  # an unknown name raises here
+        if op not in (mpi_ops.Average, mpi_ops.Sum):
+            raise ValueError("A ringlet compressor sums or averages gradients; use op=hvd.Average or hvd.Sum.")
     if num_groups != 0:
         warnings.warn("num_groups is deprecated; use groups=.", DeprecationWarning, stacklevel=2)
         if groups is None:

@@ -177,6 +177,11 @@ class Mailbox:
     def payload_bytes(self, q: int, seq: int) -> int:
         return self.tr._segs[q].words[self._slot(q, seq) // 8 + 1]
 
+    def slot_bytes(self, q: int, seq: int) -> int:
+        """Record and payload bytes rank ``q`` published in round ``seq``."""
+        words, w = self.tr._segs[q].words, self._slot(q, seq) // 8
+        return words[w + 1] + words[w + 2]
+
     def payload(self, q: int, seq: int, dtype: torch.dtype, count: int, as_numpy: bool = False):
         """A tensor (or, ``as_numpy``, a numpy array) over rank ``q``'s payload of round ``seq``: valid
         until this rank's next round."""

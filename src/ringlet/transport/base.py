@@ -1,8 +1,10 @@
-"""The one small interface every transport implements: non-blocking tagged point-to-point."""
+"""The one small interface every transport implements: non-blocking tagged point-to-point, and the
+per-transport count of the bytes it moved (:class:`WireCounter`)."""
 from __future__ import annotations
 
 import abc
 import socket
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,62 @@ class CompletedHandle(Handle):
 
 
 COMPLETED = CompletedHandle()
+
+
+@dataclass(frozen=True, slots=True)
+class WireCount:
+    """A snapshot of a :class:`WireCounter`; ``later - earlier`` is what moved in between.
+
+    ``sent`` / ``received``: payload bytes of point-to-point messages this rank posted (receives at their
+    buffer's size: a receive that accepts shorter messages counts its whole buffer), shared memory's
+    one-round mailbox included; ``messages_sent`` / ``messages_received``: how many; ``native``: bytes
+    handed to the backend's own all-reduce (what the backend sends for them depends on its algorithm,
+    so they are not in ``sent``)."""
+
+    sent: int = 0
+    received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    native: int = 0
+
+    def __sub__(self, other: "WireCount") -> "WireCount":
+        return WireCount(self.sent - other.sent, self.received - other.received,
+                         self.messages_sent - other.messages_sent,
+                         self.messages_received - other.messages_received, self.native - other.native)
+
+
+class WireCounter:
+    """The bytes one transport moved, counted where each message is posted (every transport calls
+    :meth:`sent` / :meth:`received` in its ``isend`` / ``irecv``). Thread-safe; :meth:`snapshot` reads it."""
+
+    __slots__ = ("_lock", "_sent", "_received", "_msent", "_mreceived", "_native")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent = self._received = self._msent = self._mreceived = self._native = 0
+
+    def sent(self, nbytes: int, messages: int = 1) -> None:
+        with self._lock:
+            self._sent += nbytes
+            self._msent += messages
+
+    def received(self, nbytes: int, messages: int = 1) -> None:
+        with self._lock:
+            self._received += nbytes
+            self._mreceived += messages
+
+    def native(self, nbytes: int) -> None:
+        with self._lock:
+            self._native += nbytes
+
+    def snapshot(self) -> WireCount:
+        with self._lock:
+            return WireCount(self._sent, self._received, self._msent, self._mreceived, self._native)
+
+
+def nbytes(buf: torch.Tensor) -> int:
+    """Payload bytes of a tensor."""
+    return buf.numel() * buf.element_size()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +133,13 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         return None
+
+    @property
+    def wire(self) -> WireCounter:
+        """The bytes this transport moved (see :class:`WireCount`); made on first use."""
+        d = self.__dict__
+        w = d.get("_wire")
+        return w if w is not None else d.setdefault("_wire", WireCounter())  # setdefault: one winner
 
     def hosts(self) -> HostInfo:
         """Hostname of every rank. Transports that can exchange data override; default: one host."""

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..types import CollectiveTimeout, PeerError
-from .base import COMPLETED, Handle, Transport
+from .base import COMPLETED, Handle, Transport, nbytes
 
 Key = tuple[int, int, int]  # (src, dst, tag)
 
@@ -175,6 +175,7 @@ class InprocTransport(Transport):
         if w.delay and (w.slow_ranks is None or self.rank in w.slow_ranks):
             time.sleep(w.delay)
         key = (self.rank, peer, tag)
+        self.wire.sent(nbytes(buf))
         with w.cond:
             self._check_alive(peer)
             if w.drop is not None and w.drop(*key):
@@ -205,6 +206,7 @@ class InprocTransport(Transport):
     def _irecv(self, h: "_RecvHandle", peer: int) -> Handle:
         w = self.world
         key = h.key
+        self.wire.received(nbytes(h.buf))
         with w.cond:
             self._check_alive(peer)
             queued = w.unexpected.get(key)

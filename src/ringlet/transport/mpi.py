@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
-from .base import Handle, Transport
+from .base import Handle, Transport, nbytes
 
 # Polling a request: spin briefly (latency), yield for a moment, then sleep in short naps (one Test
 # per nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to
@@ -195,6 +195,7 @@ class MPITransport(Transport):
 
     def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
         self._check_open()
+        (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
         MPI = _mpi()
         arr = [_as_bytes(buf), MPI.BYTE]
         try:
@@ -246,6 +247,7 @@ class MPITransport(Transport):
         except MPI.Exception as exc:
             raise PeerError(f"rank {self.rank}: native all-reduce failed: {exc.Get_error_string()}") from exc
         MPIHandle(req, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", arr).wait(self._timeout)
+        self.wire.native(nbytes(buf))
         return True
 
     def on_new_group(self, group_id: int, ranks: tuple[int, ...]) -> None:

@@ -43,7 +43,7 @@ from . import _shm_ring as R
 from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove, take_first
 from ._shm_mailbox import Mailbox
 from ._shm_progress import Progress
-from .base import COMPLETED, Handle, Transport
+from .base import COMPLETED, Handle, Transport, nbytes
 
 _CHECK_EVERY = 0.1  # seconds between liveness checks while blocked; also the longest doorbell sleep
 _instances = 0  # transports created by this process: part of the bootstrap key prefix
@@ -204,6 +204,12 @@ class ShmTransport(Progress, Transport):
             raise ValueError("a world of one rank has no mailbox")
         seq = self.mailbox.publish(record, payload)
         self.mailbox.wait(seq, timeout, _CHECK_EVERY)
+        # One slot written, every peer's read: counted as a message to and from each peer.
+        own = len(record) + (0 if payload is None else nbytes(payload))
+        peers = self.size - 1
+        self.wire.sent(own * peers, peers)
+        box = self.mailbox
+        self.wire.received(sum(box.slot_bytes(q, seq) for q in range(self.size)) - own, peers)
         return seq
 
     # ---- posting ------------------------------------------------------------------------------
@@ -221,6 +227,7 @@ class ShmTransport(Progress, Transport):
         self._check(buf, peer)
         if peer == self.rank:
             return self._self_send(buf, tag)
+        self.wire.sent(nbytes(buf))
         h = _Send(self, buf, peer, tag)
         with self._lock:
             o = self._outs[peer]
@@ -244,6 +251,7 @@ class ShmTransport(Progress, Transport):
         self._check(buf, peer)
         if peer == self.rank:
             return self._self_recv(buf, tag)
+        self.wire.received(nbytes(buf))
         h = _Recv(self, buf, peer, tag)
         key = (peer, tag)
         with self._lock:

@@ -22,7 +22,7 @@ import os
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
-from .base import Handle, Transport
+from .base import Handle, Transport, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,7 @@ class TorchTransport(Transport):
 
     def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
         self._check_open()
+        (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
         pg = self._p2p_group(buf)
         try:
             work = pg.send([buf], peer, tag) if what == "send" else pg.recv([buf], peer, tag)
@@ -250,6 +251,7 @@ class TorchTransport(Transport):
         except Exception as exc:  # noqa: BLE001
             raise _translate(exc, self.rank, "native all-reduce", None, None, None) from exc
         TorchHandle(work, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", buf).wait(self._timeout)
+        self.wire.native(nbytes(buf))
         return True
 
     def on_new_group(self, group_id: int, ranks: tuple[int, ...]) -> None:

@@ -34,6 +34,12 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   only if faster by more than 3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors
   the same layers untimed (never one whose factors are not fewer numbers than its gradient: it would
   only add a collective), ``False`` none. Under ``ringlet.torch``'s coordinator it is off;
+* ``compression`` (a name for :func:`ringlet.compression.get` such as ``"fp16"``, or a
+  :class:`ringlet.compression.Compressor`): the dense buckets are averaged by a compressed all-reduce
+  (:class:`~ringlet.torch.training.compressed_reduction.CompressedReduction`: float32 accumulation, the
+  compressor's state per bucket); weights averaged from sufficient factors are not compressed again.
+  The step tuner's candidates all keep the compression (``direct`` then picks the direct all-gather of
+  the payloads). Compressed buckets run on ringlet's core queue also under the coordinator;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -74,6 +80,7 @@ from ringlet.types import ReduceOp
 from ..comm import Comm
 from .broadcast import broadcast_coalesced
 from .buckets import ArrivalOrder, BucketSet, BucketSets, layout_buckets
+from .compressed_reduction import CompressedReduction
 from .factor_reduction import FactorLayers, FactorReduction
 from .graph import params_reached
 from .options import DDPOptions
@@ -95,7 +102,8 @@ class DistributedDataParallel(torch.nn.Module):
     ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
     effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ``sufficient_factors``:
     ``"auto"``, ``True`` or ``False``, whether large fully connected layers are averaged from gathered
-    factors (see the module doc). ringlet must be initialised first.
+    factors (see the module doc). ``compression``: how the dense buckets travel (see the module doc).
+    ringlet must be initialised first.
     """
 
     _instances = 0  # wrappers created in this process: names their ops in coordinated mode
@@ -104,12 +112,13 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
-                 algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = "auto"):
+                 algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = "auto",
+                 compression=None):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
                                "wrapping a module in DistributedDataParallel.")
-        self.options = DDPOptions.parse(bucket_cap_mb, first_bucket_cap_mb, sufficient_factors,
+        self.options = DDPOptions.parse(bucket_cap_mb, first_bucket_cap_mb, sufficient_factors, compression,
                                         find_unused_parameters=find_unused_parameters,
                                         broadcast_buffers=broadcast_buffers, algorithm=algorithm, tune=tune,
                                         gradient_as_bucket_view=gradient_as_bucket_view)
@@ -217,6 +226,13 @@ class DistributedDataParallel(torch.nn.Module):
         return self._ctx.fallbacks
 
     @property
+    def compression_states(self) -> list[dict]:
+        """The compressor state of every compressed bucket, of both bucket sets (error-feedback residuals
+        live there: a loss scaler rescales them when its scale changes)."""
+        sets = [s for s in (self._sets.dense, self._sets.factored) if s is not None]
+        return [b.reduction.state for s in sets for b in s.buckets if isinstance(b.reduction, CompressedReduction)]
+
+    @property
     def fresh_buffers(self) -> int:
         """Buckets replaced because something besides the lent ``.grad`` views still held their memory."""
         return self._ctx.fresh_buffers
@@ -268,7 +284,10 @@ class DistributedDataParallel(torch.nn.Module):
         factors, one bucket each."""
         def reduction_for(ps: list[torch.nn.Parameter]):
             layer = chosen.get(id(ps[0])) if len(ps) == 1 else None
-            return self._dense if layer is None else FactorReduction(layer, self._ctx)
+            if layer is not None:
+                return FactorReduction(layer, self._ctx)
+            comp = self.options.compression
+            return self._dense if comp is None else CompressedReduction(self._ctx, comp)
 
         return BucketSet(layout, reduction_for)
 

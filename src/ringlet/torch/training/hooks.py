@@ -17,9 +17,16 @@ process group, with ringlet's traffic on a Gloo group of its own (every rank rea
 call at the same point, so the group is created collectively). ``ValueError`` when torch.distributed
 is not initialised either.
 
-Variants: :func:`fp16_compress_hook` / :func:`bf16_compress_hook` cast the bucket to half precision,
-sum ``bucket / size`` (dividing first keeps fp16 from overflowing) and cast the result back into the
-bucket. ``HookState.algorithm`` picks ringlet's all-reduce algorithm.
+Compressed hooks: :func:`compressed_hook` averages the bucket with the compressed all-reduce
+(:meth:`ringlet.torch.comm.Comm.allreduce_compressed_`) of ``HookState(compression=...)``'s compressor,
+the bucket's :class:`BucketState` holding the compressor's state (error-feedback residuals, PowerSGD's
+``Q``) and the bucket's parameter shapes going to compressors with a schedule of their own. Payloads are
+summed in float32, so nothing overflows. Named variants: :func:`fp16_compress_hook` and
+:func:`bf16_compress_hook` (half-precision payloads), :func:`int8_ef_hook` (``"int8+ef"``),
+:func:`topk_ef_hook` (``"topk:F+ef"`` with ``F = HookState.topk_fraction``) and :func:`powersgd_hook`
+(``"powersgd:R"`` with ``R = HookState.powersgd_rank``); each uses the state's ``compression`` instead
+when one was given. They run on ringlet's core queue whatever the backend, with any number of buckets
+(on Gloo too). ``HookState.algorithm`` picks ringlet's all-reduce algorithm.
 """
 # No ``from __future__ import annotations``: torch's register_comm_hook checks the hooks' return
 # annotation as an object.
@@ -28,12 +35,14 @@ from typing import Any, Callable
 
 import torch
 
+from ringlet import compression as _compression
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
 from ..comm import Comm, CommFuture, ensure_initialized, session_key
 
-__all__ = ["HookState", "BucketState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["HookState", "BucketState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "compressed_hook", "int8_ef_hook", "topk_ef_hook", "powersgd_hook"]
 
 
 @dataclass(slots=True)
@@ -49,16 +58,40 @@ class BucketState:
 class HookState:
     """The state of ringlet's comm hooks: ``group`` (a :class:`ringlet.Group`, a ``ringlet.torch``
     ProcessSet or ``None`` for the world — the same ranks as DDP's process group), ``algorithm``, and
-    mutable per-bucket :class:`BucketState` (:meth:`bucket`). One state per DDP model."""
+    mutable per-bucket :class:`BucketState` (:meth:`bucket`). One state per DDP model.
 
-    __slots__ = ("group", "algorithm", "buckets", "_comm", "_comm_key")
+    For the compressed hooks: ``compression`` (a name for :func:`ringlet.compression.get` or a
+    :class:`ringlet.compression.Compressor`; :func:`compressed_hook` needs it, the named hooks use it
+    instead of their own), ``topk_fraction`` (:func:`topk_ef_hook`) and ``powersgd_rank``
+    (:func:`powersgd_hook`). ``ValueError`` for a compressor name that is not known."""
 
-    def __init__(self, group: Any = None, algorithm: str = "auto"):
+    __slots__ = ("group", "algorithm", "buckets", "compressor", "topk_fraction", "powersgd_rank", "_named",
+                 "_comm", "_comm_key")
+
+    def __init__(self, group: Any = None, algorithm: str = "auto", compression=None, *, topk_fraction: float = 0.01,
+                 powersgd_rank: int = 2):
         self.group = group
         self.algorithm = algorithm
+        self.compressor = None if compression is None else _compression.get(compression)
+        self.topk_fraction = float(topk_fraction)
+        self.powersgd_rank = int(powersgd_rank)
+        self._named: dict[str, _compression.Compressor] = {}
         self.buckets: dict[int, BucketState] = {}
         self._comm: Comm | None = None
         self._comm_key: tuple | None = None
+
+    def compressor_for(self, name: str | None) -> "_compression.Compressor":
+        """The state's own ``compression`` when given, else the compressor ``name`` names (made once).
+        ``ValueError`` when neither is there (or the name is unknown)."""
+        if self.compressor is not None:
+            return self.compressor
+        if name is None:
+            raise ValueError("compressed_hook needs HookState(compression=...): a name such as 'fp16' or a "
+                             "ringlet.compression.Compressor")
+        comp = self._named.get(name)
+        if comp is None:
+            comp = self._named[name] = _compression.get(name)
+        return comp
 
     def bucket(self, index: int) -> BucketState:
         """The state of bucket ``index``, created on first use."""
@@ -66,6 +99,12 @@ class HookState:
         if st is None:
             st = self.buckets[index] = BucketState(index)
         return st
+
+    def compression_states(self) -> list[dict]:
+        """The compressor state of every bucket the compressed hooks reduced (error-feedback residuals
+        live there: a loss scaler rescales them when its scale changes)."""
+        return [v for b in self.buckets.values() for k, v in b.data.items()
+                if isinstance(k, tuple) and k[:1] == ("compression",)]
 
     def comm(self) -> "Comm":
         """The communicator, initialising ringlet first if needed; rebuilt when ringlet or
@@ -85,7 +124,11 @@ def _reduce(state: HookState | None, bucket, send: torch.Tensor, finish: Callabl
     state.bucket(bucket.index()).calls += 1
     label = f"ddp_hook.bucket{bucket.index()}"
     fut = comm.allreduce_(send, op, f"ringlet.hook.{label}", prescale=prescale)
-    nbytes = send.numel() * send.element_size()
+    return _chain(fut, label, send.numel() * send.element_size(), finish)
+
+
+def _chain(fut: CommFuture, label: str, nbytes: int, finish: Callable[[], torch.Tensor]) -> torch.futures.Future:
+    """``fut`` chained to ``finish()``, recording the collective's span on the timeline."""
 
     def done(f: CommFuture) -> torch.Tensor:
         f.wait()  # raises the collective's error into the chained future
@@ -98,33 +141,73 @@ def _reduce(state: HookState | None, bucket, send: torch.Tensor, finish: Callabl
     return fut.then(done)
 
 
+def _shapes(bucket) -> list[tuple[int, ...]]:
+    """The shapes of the tensors the bucket's buffer concatenates, in order."""
+    tensors = bucket.parameters() if hasattr(bucket, "parameters") else bucket.gradients()
+    return [tuple(t.shape) for t in tensors]
+
+
+def _compressed(state: HookState | None, bucket, name: str | None) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket in place with the compressed all-reduce of ``state``'s compressor (or ``name``'s).
+    The compressor's state is kept per bucket and per layout (a bucket that torch rebuilt with other
+    parameters starts afresh)."""
+    state = state if state is not None else HookState()
+    comp = state.compressor_for(name)
+    comm = state.comm()
+    st = state.bucket(bucket.index())
+    st.calls += 1
+    buf = bucket.buffer()
+    shapes = _shapes(bucket)
+    key = ("compression", comp.name, tuple(shapes))
+    for old in [k for k in st.data if isinstance(k, tuple) and k[:1] == ("compression",) and k != key]:
+        del st.data[old]
+    label = f"ddp_hook.bucket{bucket.index()}"
+    fut = comm.allreduce_compressed_(buf, comp, st.data.setdefault(key, {}), f"ringlet.hook.{label}",
+                                     average=True, shapes=shapes)
+    return _chain(fut, label, comp.wire_bytes(buf.numel()), lambda: buf)
+
+
+def compressed_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket with the compressed all-reduce of ``HookState(compression=...)``."""
+    return _compressed(state, bucket, None)
+
+
+def int8_ef_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`compressed_hook` with ``"int8+ef"``: bytes scaled per chunk, with error feedback."""
+    return _compressed(state, bucket, "int8+ef")
+
+
+def topk_ef_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`compressed_hook` with ``"topk:F+ef"`` (``F``: ``state.topk_fraction``, 0.01 by default): the
+    largest magnitudes only, with error feedback, gathered whole and never densified."""
+    fraction = state.topk_fraction if state is not None else 0.01
+    return _compressed(state, bucket, f"topk:{fraction:g}+ef")
+
+
+def powersgd_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`compressed_hook` with ``"powersgd:R"`` (``R``: ``state.powersgd_rank``, 2 by default): low-rank
+    all-reduce of the bucket's matrices. Unlike torch's own PowerSGD hook, it works on Gloo with any
+    number of buckets."""
+    rank = state.powersgd_rank if state is not None else 2
+    return _compressed(state, bucket, f"powersgd:{rank}")
+
+
 def allreduce_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket over the group with ringlet (op AVG, in place on the bucket's buffer)."""
     buf = bucket.buffer()
     return _reduce(state, bucket, buf, lambda: buf, ReduceOp.AVG, 1.0)
 
 
-def _compress_hook(dtype: torch.dtype, state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
-    state = state if state is not None else HookState()
-    buf = bucket.buffer()
-    size = state.comm().size
-    small = buf.to(dtype)
-
-    def finish() -> torch.Tensor:
-        buf.copy_(small)
-        return buf
-
-    return _reduce(state, bucket, small, finish, ReduceOp.SUM, 1.0 / size)
-
-
 def fp16_compress_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
-    """:func:`allreduce_hook` with the bucket sent as float16 (pre-divided by the group size)."""
-    return _compress_hook(torch.float16, state, bucket)
+    """:func:`allreduce_hook` with float16 payloads, summed in float32 (:func:`compressed_hook` with
+    ``"fp16"``)."""
+    return _compressed(state, bucket, "fp16")
 
 
 def ringlet_bf16_compress_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
-    """:func:`allreduce_hook` with the bucket sent as bfloat16 (pre-divided by the group size)."""
-    return _compress_hook(torch.bfloat16, state, bucket)
+    """:func:`allreduce_hook` with bfloat16 payloads, summed in float32 (:func:`compressed_hook` with
+    ``"bf16"``)."""
+    return _compressed(state, bucket, "bf16")
 
 
 # Exported under torch's name, but defined under another: torch's register_comm_hook rejects any function

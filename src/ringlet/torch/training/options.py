@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringlet import compression as _compression
+
 __all__ = ["DDPOptions"]
 
 
@@ -11,7 +13,8 @@ class DDPOptions:
     """Bucketing and reduction choices, fixed at construction.
 
     ``first_bucket_cap_mb`` defaults to ``min(1, bucket_cap_mb)``: a small first bucket (the last layers)
-    starts communication early in backward, as torch does.
+    starts communication early in backward, as torch does. ``compression``: the
+    :class:`ringlet.compression.Compressor` the dense buckets travel with, None for none.
     """
 
     bucket_cap_mb: float = 25.0
@@ -22,17 +25,21 @@ class DDPOptions:
     tune: bool = True
     gradient_as_bucket_view: bool = False
     sufficient_factors: str = "auto"  # "off", "on" (where the factors are smaller) or "auto" (... and faster)
+    compression: _compression.Compressor | None = None
 
     @classmethod
     def parse(cls, bucket_cap_mb: float, first_bucket_cap_mb: float | None, sufficient_factors: bool | str,
-              **flags) -> DDPOptions:
+              compression=None, **flags) -> DDPOptions:
         """Options from the constructor's arguments; ``flags``: the other fields. Raises ``ValueError`` for
-        a cap that is not positive or a ``sufficient_factors`` other than True, False or ``"auto"``."""
+        a cap that is not positive, a ``sufficient_factors`` other than True, False or ``"auto"`` or a
+        compressor name :func:`ringlet.compression.get` does not know (``TypeError`` for a
+        ``compression`` that is neither a name nor a compressor)."""
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
         factors = {True: "on", False: "off"}.get(sufficient_factors, sufficient_factors)
         if factors not in ("on", "off", "auto"):
             raise ValueError(f"sufficient_factors must be True, False or 'auto', got {sufficient_factors!r}")
-        return cls(float(bucket_cap_mb), float(first), sufficient_factors=factors,
+        comp = None if compression is None else _compression.get(compression)
+        return cls(float(bucket_cap_mb), float(first), sufficient_factors=factors, compression=comp,
                    **{k: v if k == "algorithm" else bool(v) for k, v in flags.items()})
