@@ -159,6 +159,24 @@ def test_scale_change_callbacks():
     assert calls == [(1024.0, 512.0), (512.0, 256.0), (256.0, 512.0), (512.0, 7.0)]
 
 
+def test_residuals_follow_the_scale():
+    class Owner:  # what a ringlet DDP offers: a list of per-bucket compressor states
+        def __init__(self):
+            self.compression_states = [{"residual": torch.ones(3)}, {("ag", 0): {"residual": torch.ones(2)}}]
+
+    owner = Owner()
+
+    def run():
+        scaler = GradScaler(**KW)
+        scaler.rescale_residuals_of(owner)
+        scaler.update(new_scale=KW["init_scale"] / 4)
+        return scaler.get_scale()
+
+    one_rank(run)
+    assert torch.equal(owner.compression_states[0]["residual"], torch.full((3,), 0.25))
+    assert torch.equal(owner.compression_states[1][("ag", 0)]["residual"], torch.full((2,), 0.25))
+
+
 @pytest.mark.parametrize("coordinated", [False, True], ids=["core", "coordinator"])
 def test_one_rank_overflow_skips_every_rank(coordinated):
     """Ranks as threads: an inf in rank 1's gradient only; every rank skips and backs off together."""

@@ -103,8 +103,7 @@ NAMED = [(hooks.int8_ef_hook, "int8+ef"), (hooks.topk_ef_hook, "topk:0.01+ef"),
 
 @pytest.mark.parametrize("hook,name", NAMED, ids=[n for _, n in NAMED])
 def test_named_hooks_keep_ranks_in_step(hook, name):
-    if not _known(name):
-        pytest.skip(f"ringlet.compression.get does not know {name!r} yet (the compressors land separately)")
+    assert _known(name), name
     p = 3
 
     def fn(rank):

@@ -17,7 +17,7 @@ pattern of overflows) that does not depend on CUDA and that keeps the ranks in s
 * :meth:`GradScaler.on_scale_change` registers ``fn(old, new)``, called on every rank when
   :meth:`GradScaler.update` changes the scale (backoff, growth or an explicit ``new_scale``): the hook
   for state kept in scaled units, such as error-feedback residuals of compressed gradients (rescale them by
-  ``new / old``).
+  ``new / old``); :meth:`GradScaler.rescale_residuals_of` does that for a ringlet DDP or a hooks' state.
 
 Optimizer protocols honoured (duck-typed, so this module imports neither):
 
@@ -223,6 +223,21 @@ class GradScaler:
         handle = RemovableHandle(self._callbacks)
         self._callbacks[handle.id] = fn
         return handle
+
+    def rescale_residuals_of(self, owner: Any) -> RemovableHandle:
+        """Keep the error-feedback residuals of ``owner``'s compressed gradients in step with the scale:
+        ``owner`` is a ringlet ``DistributedDataParallel`` or a comm hooks' ``HookState`` (anything with
+        ``compression_states``, a property or a method, listing per-bucket compressor states). The
+        gradients they compress are still scaled, so their residuals are too: on every change they are
+        multiplied by ``new / old``. Returns the callback's handle."""
+        from ringlet.compression.error_feedback import rescale_residuals_
+
+        def rescale(old: float, new: float) -> None:
+            states = owner.compression_states
+            for state in states() if callable(states) else states:
+                rescale_residuals_(state, new / old)
+
+        return self.on_scale_change(rescale)
 
     # ---- state ------------------------------------------------------------------------------------------
     def get_scale(self) -> float:

@@ -29,8 +29,8 @@ Contracts:
   in :meth:`DiLoCo.state_dict`;
 * with ``outer_lr=1, outer_momentum=0`` the outer step is plain parameter averaging;
 * ``compression``: None (float32 deltas) or a name or object for :func:`ringlet.compression.get`
-  (``"fp16"``, ``"bf16"``): the deltas then travel compressed through ``Comm.allreduce_compressed_``;
-  ``NotImplementedError`` at construction where the communicator has no compressed all-reduce.
+  (``"fp16"``, ``"bf16"``, ``"int8+ef"``, ...): the deltas (and floating buffers) then travel compressed
+  through ``Comm.allreduce_compressed_``, with the compressor's state (residuals) kept by this object.
 """
 from __future__ import annotations
 
@@ -69,9 +69,6 @@ class DiLoCo:
         self._name = next_name("diloco")
         self._comm = group_comm(self.module, group, self._name, inner_optimizer)
         self._compressor = _lossy(compression)
-        if self._compressor is not None and not hasattr(self._comm, "allreduce_compressed_"):
-            raise NotImplementedError(f"DiLoCo: compression={compression!r} needs a compressed all-reduce "
-                                      "(Comm.allreduce_compressed_), which this ringlet does not have yet")
         self._compression_state: dict = {}
         self._pairs = stepped(self.module, inner_optimizer)  # (parameter, its float32 master or itself)
         self._floats, self._others = split_buffers(self.module)
@@ -124,8 +121,8 @@ class DiLoCo:
         if self._compressor is None:
             self._comm.allreduce_(flat, ReduceOp.AVG, name).wait()
         else:
-            self._comm.allreduce_compressed_(flat, ReduceOp.AVG, name, compressor=self._compressor,
-                                             state=self._compression_state).wait()
+            self._comm.allreduce_compressed_(flat, self._compressor, self._compression_state, name,
+                                             average=True).wait()
 
     def state_dict(self) -> dict[str, Any]:
         """The step count, ``θ_start`` (float32) and the outer optimizer's state."""
