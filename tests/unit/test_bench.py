@@ -97,3 +97,27 @@ def test_plot_writes_png(tmp_path):
     rows = run_world(2, lambda r: run_sweep(spec))[0]
     report.plot(str(tmp_path / "p.png"), rows, "t", link_gbps=0.125)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compression_sweep_measures_bytes_and_error():
+    """In-process world of 3: bytes from the transport's counter (none: the ring's 2(p-1)/p of the buffer),
+    PowerSGD on a near-square matrix (compressed, not summed flat), errors ordered as expected."""
+    from ringlet.bench.impls import compressions, near_square
+    from ringlet.bench.sweep import run_compression_sweep
+
+    assert near_square(65536) == (256, 256) and near_square(12) == (3, 4) and near_square(7) == (1, 7)
+    assert compressions("topk:0.01+ef,fp16,fp16") == ("none", "topk:0.01+ef", "fp16")
+    assert compressions("all")[0] == "none" and "powersgd" in compressions("all")
+    with pytest.raises(ValueError):
+        compressions("fp8")
+    spec = SweepSpec(sizes=(3 * 4096 * 4,), compressions=compressions("fp16,int8+ef,powersgd"), iters=2, warmup=1)
+    rows = run_world(3, lambda r: run_compression_sweep(spec))
+    assert [r.as_dict() for r in rows[0]] == [r.as_dict() for r in rows[1]]
+    by = {r.compressor: r for r in rows[0]}
+    n = 3 * 4096
+    assert by["none"].sent == pytest.approx(2 * 2 / 3 * 4 * n, rel=0.01) and by["none"].ratio == 1.0
+    assert by["fp16"].ratio == pytest.approx(0.5, abs=0.01)
+    assert 0.25 < by["int8+ef"].ratio < 0.27
+    assert by["powersgd"].ratio < 0.1
+    assert by["none"].max_err < 1e-5 < by["fp16"].max_err < by["int8+ef"].max_err
+    assert all(r.us > 0 and r.native == 0 for r in rows[0])

@@ -3,20 +3,29 @@
 ``ringlet:<algorithm>`` runs ringlet's collective; ``native`` runs torch.distributed's own collective
 (Gloo here) and ``mpi`` mpi4py's, on the same tensors, so a table compares them side by side.
 An implementation that cannot run a collective or dtype returns ``None`` from :func:`make`.
+
+:class:`CompressedAllreduce` is the compressed all-reduce of ``--compression``: one compressor, its state
+kept between calls.
 """
 from __future__ import annotations
 
 from typing import Callable
 
+import math
+
 import torch
 
 import ringlet
+from ringlet import compression
+from ringlet.collectives import Compressed, compressed_allreduce_async_
 from ringlet.types import ReduceOp
 
 Impl = Callable[[torch.Tensor, torch.Tensor | None, bool], torch.Tensor]
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
 IN_PLACE = {"allreduce", "broadcast"}
+# ``--compression all``: every built-in compressor at its default parameters, plain and with error feedback.
+ALL_COMPRESSIONS = ("none", "fp16", "bf16", "int8", "int8+ef", "topk", "topk+ef", "powersgd")
 
 
 def _ringlet(collective: str, algorithm: str, op: ReduceOp) -> Impl | None:
@@ -121,3 +130,56 @@ def make(name: str, collective: str, op: ReduceOp, dtype: torch.dtype) -> Impl |
     if name == "mpi":
         return _mpi(collective, op, dtype)
     raise ValueError(f"Unknown implementation {name!r}: use ringlet:<algorithm>, native or mpi.")
+
+
+def compressions(text: str) -> tuple[str, ...]:
+    """The compressors of ``--compression``: ``all`` (:data:`ALL_COMPRESSIONS`) or a comma list of names
+    that :func:`ringlet.compression.get` knows, ``none`` first (the reference row) whether listed or not,
+    duplicates dropped. ``ValueError`` for an unknown name, or for none at all."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("no compressor named; give a comma list (e.g. fp16,int8+ef,topk:0.01+ef) or 'all'")
+    if names == ["all"]:
+        names = list(ALL_COMPRESSIONS)
+    for n in names:
+        compression.get(n)  # ValueError naming the choices
+    return tuple(dict.fromkeys(["none"] + names))
+
+
+def near_square(n: int) -> tuple[int, int]:
+    """``(rows, cols)`` with ``rows * cols == n`` and ``rows`` the largest divisor of ``n`` not above its
+    square root: the matrix a flat buffer is viewed as for PowerSGD (a prime ``n`` gives ``1 x n``, which
+    PowerSGD sums uncompressed)."""
+    rows = max(1, math.isqrt(n))
+    while n % rows:
+        rows -= 1
+    return rows, n // rows
+
+
+class CompressedAllreduce:
+    """The out-of-place compressed SUM all-reduce of a ``numel``-element floating buffer with the compressor
+    ``name`` (``BASE[:ARG][+ef]``), over the whole world with the all-reduce ``algorithm`` (the ``sum`` and
+    ``custom`` strategies' schedule; ``direct`` or else the ring for the all-gathers of the others).
+
+    ``call(inp, check=False, state=None)`` returns a new tensor, ``inp`` untouched, like
+    ``ringlet.allreduce(inp, compression=name, compression_state=self.state, algorithm=algorithm,
+    check=check)``; ``state`` replaces the kept state for that call (a fresh ``{}``: one call without
+    error-feedback memory). A compressor with its own schedule (``reduces_by == "custom"``: PowerSGD) gets
+    the buffer as one :func:`near_square` matrix through the same core queue
+    (:func:`ringlet.collectives.compressed_allreduce_async_` with ``shapes``): the core API's
+    ``compression=`` passes no shapes, and PowerSGD sums a shapeless buffer uncompressed."""
+
+    def __init__(self, name: str, numel: int, algorithm: str = "ring"):
+        self.name, self.algorithm = name, algorithm
+        self.compressor = compression.get(name)
+        self.state: dict = {}
+        self.shapes = (near_square(numel),) if self.compressor.reduces_by == "custom" else None
+
+    def __call__(self, inp: torch.Tensor, check: bool = False, state: dict | None = None) -> torch.Tensor:
+        state = self.state if state is None else state
+        out = inp.clone()
+        if self.shapes is None:
+            return ringlet.allreduce_(out, algorithm=self.algorithm, check=check, compression=self.compressor,
+                                      compression_state=state)
+        spec = Compressed(self.compressor, state, self.shapes, name=self.name)
+        return compressed_allreduce_async_(out, spec, average=False, algorithm=self.algorithm, check=check).wait()

@@ -3,7 +3,9 @@ relaunches itself as a job.
 
 Outside a job ``ringlet bench`` launches itself (``-np``, ``--transport``, ``--hosts``, ``--cluster`` as
 for ``ringlet run``); inside one every rank runs :func:`sweep_in_job` and rank 0 prints the table and
-writes the files. The status is 1 when any element was wrong.
+writes the files. The status is 1 when any element was wrong. ``compression`` (``--compression``) adds
+the compressed all-reduces of :func:`~ringlet.bench.sweep.run_compression_sweep`; their results are
+approximate by design and do not count as wrong.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import ringlet
 from ringlet.benchmarking import parse_size
 
 from . import report
-from .sweep import SweepSpec, implementations_for, run_sweep
+from . import impls
+from .sweep import SweepSpec, implementations_for, run_compression_sweep, run_sweep
 
 _LAUNCH_OPTS = {"-np", "--np", "--transport", "--hosts", "-H", "--cluster"}
 
@@ -126,6 +129,8 @@ class SweepOptions:
     progress: bool = True
     title: str = ""
     ringlet_transport: str = ""
+    compression: str = ""  # comma list of compressors or "all"; "": no compressed rows
+    sizes: str = ""  # comma list of sizes; replaces min_bytes..max_bytes when given
 
     def comparisons(self) -> list[str]:
         return [c.strip() for c in self.compare.split(",") if c.strip()]
@@ -138,43 +143,54 @@ def build_spec(o: SweepOptions) -> SweepSpec:
         algos = [a for a in ringlet.algorithms.allreduce_names() if a != "native"]
     else:
         algos = [a.strip() for a in o.algorithms.split(",") if a.strip() != "native"]
+    sizes = tuple(parse_size(s.strip()) for s in o.sizes.split(",") if s.strip()) if o.sizes.strip() \
+        else _sizes(parse_size(o.min_bytes), parse_size(o.max_bytes), o.factor)
     return SweepSpec(
-        sizes=_sizes(parse_size(o.min_bytes), parse_size(o.max_bytes), o.factor),
-        collectives=tuple(c.strip() for c in o.collectives.split(",")),
+        sizes=sizes,
+        collectives=tuple(c.strip() for c in o.collectives.split(",") if c.strip()),
         implementations=tuple(f"ringlet:{a}" for a in algos) + tuple(o.comparisons()),
         dtype=getattr(torch, o.dtype),
         op=ringlet.ReduceOp.parse(o.op),
         warmup=o.warmup,
         iters=o.iters,
+        compressions=impls.compressions(o.compression) if o.compression.strip() else (),
     )
 
 
-def _run_with_progress(spec: SweepSpec, show: bool) -> list:
-    """:func:`run_sweep`, with a progress bar on this rank when ``show``."""
+def _run_with_progress(spec: SweepSpec, show: bool) -> tuple[list, list]:
+    """:func:`run_sweep`, then :func:`run_compression_sweep`, with a progress bar on this rank when ``show``."""
     if not show:
-        return run_sweep(spec)
+        return run_sweep(spec), run_compression_sweep(spec)
     from rich.progress import Progress
 
     bar = Progress(transient=True)
     bar.start()
-    total = sum(len(implementations_for(c, spec.implementations)) for c in spec.collectives) * len(spec.sizes)
-    task = bar.add_task("sweep", total=total)
+    first = sum(len(implementations_for(c, spec.implementations)) for c in spec.collectives) * len(spec.sizes)
+    task = bar.add_task("sweep", total=first + (len(spec.sizes) if spec.compressions else 0))
     try:
-        return run_sweep(spec, progress=lambda done, _n, label: bar.update(task, completed=done, description=label))
+        rows = run_sweep(spec, progress=lambda done, _n, label: bar.update(task, completed=done, description=label))
+        wire = run_compression_sweep(spec, progress=lambda done, _n, label: bar.update(
+            task, completed=first + done, description=label))
+        return rows, wire
     finally:
         bar.stop()
 
 
-def _write_reports(o: SweepOptions, rows: list, rt, wrong: int) -> None:
-    """Rank 0: the table on stdout, then the JSON/CSV/plot files asked for."""
+def _write_reports(o: SweepOptions, rows: list, wire: list, rt, wrong: int) -> None:
+    """Rank 0: the tables on stdout, then the JSON/CSV/plot files asked for (CSV and plot: the collective
+    rows; JSON: both)."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     hosts = len(set(rt.hostnames))
     header = (f"# ringlet bench: {ringlet.size()} ranks on {hosts} host(s), transport {rt.transport.name}, {when}\n"
               f"# command: ringlet bench {' '.join(sys.argv[2:])}")
-    print(report.table(rows, header), flush=True)
+    print(header, flush=True)
+    if rows:
+        print(report.table(rows), flush=True)
+    if wire:
+        print(report.compression_table(wire, build_spec(o).compression_algorithm), flush=True)
     meta = {"ranks": ringlet.size(), "hosts": hosts, "transport": rt.transport.name, "argv": sys.argv, "date": when}
     if o.json_path:
-        report.write_json(o.json_path, rows, meta)
+        report.write_json(o.json_path, rows, meta, wire)
     if o.csv_path:
         report.write_csv(o.csv_path, rows)
     if o.plot_path:
@@ -189,10 +205,10 @@ def sweep_in_job(o: SweepOptions) -> int:
 
     rt = _start(o.ringlet_transport, o.comparisons())
     spec = build_spec(o)
-    rows = _run_with_progress(spec, o.progress and ringlet.rank() == 0)
+    rows, wire = _run_with_progress(spec, o.progress and ringlet.rank() == 0)
     wrong = report.total_wrong(rows)
     if ringlet.rank() == 0:
-        _write_reports(o, rows, rt, wrong)
+        _write_reports(o, rows, wire, rt, wrong)
     ringlet.shutdown()
     if dist.is_initialized():  # the Gloo group made for `native` beside another transport
         dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""Printing and saving sweep results: an nccl-tests style table, JSON, CSV and a busbw plot."""
+"""Printing and saving sweep results: an nccl-tests style table, JSON, CSV and a busbw plot; the
+compressed all-reduces of ``--compression`` in a table of their own and in the JSON."""
 from __future__ import annotations
 
 import csv
@@ -6,7 +7,7 @@ import json
 import math
 from typing import Iterable
 
-from .sweep import Row
+from .sweep import CompressionRow, Row
 
 _COLS = ("size", "count", "dtype", "op", "impl", "oop_us", "oop_algbw", "oop_busbw", "oop_wrong",
          "ip_us", "ip_algbw", "ip_busbw", "ip_wrong")
@@ -41,13 +42,38 @@ def table(rows: Iterable[Row], header: str = "") -> str:
     return "\n".join(out)
 
 
+def compression_table(rows: Iterable[CompressionRow], algorithm: str = "ring") -> str:
+    """Per size and compressor: median time (µs, slowest rank), algbw (GB/s), bytes sent per rank per call
+    as the transport counted them (max over ranks), the ratio to ``none``'s and the max abs error against
+    the exact float64 sum."""
+    rows = list(rows)
+    out = [f"# allreduce, compressed (sum; schedule {algorithm}; bytes: the transport's count of what one rank "
+           "sent per call, max over ranks; error: one call vs the float64 sum)",
+           f"{'size':>12} {'count':>11} {'type':>8} {'compressor':<16}{'time':>11} {'algbw':>7} "
+           f"{'sent':>13} {'vs none':>8} {'max abs err':>12}",
+           f"{'(B)':>12} {'(elements)':>11} {'':>8} {'':<16}{'(us)':>11} {'(GB/s)':>7} {'(B/rank/call)':>13} "
+           f"{'':>8} {'':>12}"]
+    for r in rows:
+        out.append(f"{r.size:>12} {r.count:>11} {r.dtype:>8} {r.compressor:<16}{_num(r.us, '11.1f')}"
+                   f"{_num(r.algbw, '8.3f')}{_num(r.sent, '14.0f')}{_num(r.ratio, '9.4f')}{_num(r.max_err, '13.3g')}")
+    native = sum(r.native for r in rows)
+    if native:
+        out.append(f"# bytes also handed to the backend's own all-reduce (not in 'sent'): {native:.0f} per call, "
+                   "summed over rows")
+    return "\n".join(out)
+
+
 def total_wrong(rows: Iterable[Row]) -> int:
     return sum(max(0, r.oop_wrong) + max(0, r.ip_wrong) for r in rows)
 
 
-def write_json(path: str, rows: list[Row], meta: dict) -> None:
+def write_json(path: str, rows: list[Row], meta: dict, compression: list[CompressionRow] | None = None) -> None:
+    """``{"meta", "rows"}``, and ``"compression"`` (the :class:`CompressionRow` fields) when there are any."""
+    data = {"meta": meta, "rows": [r.as_dict() for r in rows]}
+    if compression:
+        data["compression"] = [r.as_dict() for r in compression]
     with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": [r.as_dict() for r in rows]}, f, indent=1)
+        json.dump(data, f, indent=1)
 
 
 def write_csv(path: str, rows: list[Row]) -> None:

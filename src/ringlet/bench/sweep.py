@@ -4,6 +4,10 @@ on a noisy machine), then check every result element by element (nccl-tests' #wr
 
 Data is integer-valued and generated from a closed form, so each rank computes the expected
 result itself without materialising the other ranks' inputs (1 GiB rows stay within memory).
+
+:func:`run_compression_sweep` measures ``spec.compressions`` (``ringlet bench --compression``): for
+each size, the compressed all-reduces of every compressor timed interleaved, their bytes counted by the
+transport, and their error against the exact sum.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ class SweepSpec:
     warmup: int = 2
     iters: int = 0  # 0: fewer for big sizes (see iterations_for)
     inplace: bool = True
+    compressions: tuple[str, ...] = ()  # run_compression_sweep's compressors, "none" first
+    compression_algorithm: str = "ring"  # the compressed all-reduces' schedule (see impls.CompressedAllreduce)
 
 
 @dataclass
@@ -51,6 +57,31 @@ class Row:
     ip_busbw: float = float("nan")
     ip_wrong: int = -1
     extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CompressionRow:
+    """One compressor at one size (:func:`run_compression_sweep`). ``us``: median time per call of the
+    slowest rank; ``algbw``: input bytes / time (GB/s); ``sent``: bytes this rank's transport sent per call
+    (``WireCount.sent``), max over ranks, and ``sent_mean`` the mean over ranks; ``native``: bytes per call
+    handed to the backend's own all-reduce (0 unless a schedule ran natively), max over ranks; ``ratio``:
+    ``sent`` / the ``none`` row's ``sent``; ``max_err``: max abs difference from the float64 sum of the
+    inputs, of one call with a fresh state."""
+
+    size: int
+    count: int
+    dtype: str
+    compressor: str
+    us: float = float("nan")
+    algbw: float = float("nan")
+    sent: float = float("nan")
+    sent_mean: float = float("nan")
+    native: float = 0.0
+    ratio: float = float("nan")
+    max_err: float = float("nan")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -175,4 +206,77 @@ def run_sweep(spec: SweepSpec, progress=None) -> list[Row]:
                 done += 1
                 if progress:
                     progress(done, total, f"{collective} {name} {nbytes}B")
+    return rows
+
+
+def gaussian(n: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal data for ``rank`` (gradient-like: every compressor loses something on it)."""
+    g = torch.Generator().manual_seed(1_000_003 + rank)
+    return torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+
+
+class _Meter:
+    """The transport's counter read around every call of one implementation (two snapshots, a lock each)."""
+
+    def __init__(self) -> None:
+        self.calls = self.sent = self.native = 0
+
+    def wrap(self, fn):
+        def run():
+            before = ringlet.wire_bytes()
+            out = fn()
+            moved = ringlet.wire_bytes() - before
+            self.calls, self.sent, self.native = self.calls + 1, self.sent + moved.sent, self.native + moved.native
+            return out
+        return run
+
+
+def _agree_mean(x: float) -> float:
+    return ringlet.allreduce(torch.tensor([x], dtype=torch.float64)).item() / ringlet.size()
+
+
+def _compressed_rows(spec: SweepSpec, n: int) -> list[CompressionRow]:
+    """Every compressor of ``spec`` at ``n`` elements: timed interleaved, with the state kept across calls;
+    bytes counted around the warm-up and timed calls (not the barriers between blocks); then one call with
+    a fresh state against the exact sum."""
+    p, me = ringlet.size(), ringlet.rank()
+    inp = gaussian(n, me, spec.dtype)
+    made = {name: impls.CompressedAllreduce(name, n, spec.compression_algorithm) for name in spec.compressions}
+    for impl in made.values():
+        impl(inp, check=True)  # one checked call: the ranks agree on it; the counted calls run unchecked
+    meters = {name: _Meter() for name in made}
+    runs = {name: meters[name].wrap(lambda impl=impl: impl(inp)) for name, impl in made.items()}
+    nbytes = n * inp.element_size()
+    iters = spec.iters or iterations_for(nbytes, 256 << 20, 3, 50)
+    secs = time_interleaved(runs, ringlet.barrier, iters=iters, warmup=spec.warmup)
+    runs.clear()
+    exact = sum(gaussian(n, r, spec.dtype).double() for r in range(p))
+    rows = []
+    for name, impl in made.items():
+        m = meters[name]
+        sec = _agree_max(secs[name])
+        err = (impl(inp, state={}).double() - exact).abs().max().item()
+        rows.append(CompressionRow(nbytes, n, str(spec.dtype).replace("torch.", ""), name, sec * 1e6, nbytes / sec / 1e9,
+                                   _agree_max(m.sent / m.calls), _agree_mean(m.sent / m.calls),
+                                   _agree_max(m.native / m.calls), max_err=_agree_max(err)))
+    ref = rows[0].sent if rows and rows[0].compressor == "none" else float("nan")
+    for row in rows:
+        row.ratio = row.sent / ref if ref > 0 else float("nan")
+    return rows
+
+
+def run_compression_sweep(spec: SweepSpec, progress=None) -> list[CompressionRow]:
+    """Measure ``spec.compressions`` at every size of ``spec`` on every rank of the current ringlet job;
+    every rank returns the same rows. ``progress(done, total, label)`` after each size. ``ValueError``
+    for a non-floating ``spec.dtype``."""
+    if not spec.compressions:
+        return []
+    if not spec.dtype.is_floating_point:
+        raise ValueError(f"--compression needs a floating dtype, got {spec.dtype}")
+    itemsize = torch.empty(0, dtype=spec.dtype).element_size()
+    rows: list[CompressionRow] = []
+    for i, size in enumerate(spec.sizes):
+        rows += _compressed_rows(spec, max(1, size // itemsize))
+        if progress:
+            progress(i + 1, len(spec.sizes), f"compression {size}B")
     return rows

@@ -6,6 +6,11 @@ rank 0 prints the table and writes the files. Exit status 1 when any element was
 :mod:`ringlet.bench.job`.
 
     ringlet bench -np 4 --collectives allreduce --algorithms all --compare native --plot busbw.png
+    ringlet bench -np 4 --compression none,fp16,int8+ef,topk:0.01+ef,powersgd:2 --sizes 1M,16M
+
+``--compression`` measures compressed all-reduces (time, algbw, bytes sent per rank as the transport
+counts them, ratio to ``none``, error vs the exact sum; :func:`ringlet.bench.sweep.run_compression_sweep`);
+without an explicit ``--collectives`` it then replaces the plain sweep.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import sys
 
 import click
 
-from ..bench.impls import COLLECTIVES
+from ..bench.impls import COLLECTIVES, compressions
 from ..bench.job import SweepOptions, inside_job, strip_launch_args, sweep_in_job
 from ..launch import LaunchError, run
 
@@ -33,6 +38,10 @@ from ..launch import LaunchError, run
 @click.option("-b", "--min", "min_bytes", default="4", show_default=True, help="Smallest size (bytes; K/M/G).")
 @click.option("-e", "--max", "max_bytes", default="64M", show_default=True, help="Largest size.")
 @click.option("-f", "--factor", default=2.0, show_default=True, help="Size multiplier between rows.")
+@click.option("--sizes", default="", help="Comma list of sizes (bytes; K/M/G), instead of --min/--max/--factor.")
+@click.option("--compression", default="", help="Compressed all-reduces to measure: 'all' or a comma list "
+              "(none,fp16,bf16,int8,int8+ef,topk:0.01+ef,powersgd:2,...); 'none' is always the reference row. "
+              "Without --collectives, only these are measured.")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True)
 @click.option("-n", "--iters", default=0, help="Timed iterations (0: fewer for big sizes).")
@@ -44,9 +53,16 @@ from ..launch import LaunchError, run
 @click.option("--title", default="", help="Plot title.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, algorithms, compare, min_bytes, max_bytes,
-              factor, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
+              factor, sizes, compression, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
     """Measure collectives nccl-tests style: time, algbw, busbw and #wrong per size and implementation."""
-    unknown = [c.strip() for c in collectives.split(",") if c.strip() not in COLLECTIVES]
+    if compression:
+        try:
+            compressions(compression)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--compression") from None
+        if click.get_current_context().get_parameter_source("collectives") == click.core.ParameterSource.DEFAULT:
+            collectives = ""  # --compression alone: no plain sweep
+    unknown = [c.strip() for c in collectives.split(",") if c.strip() and c.strip() not in COLLECTIVES]
     if unknown:  # before launching: one clear message instead of a traceback from every rank
         raise click.BadParameter(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)}.",
                                  param_hint="--collectives")
@@ -59,5 +75,6 @@ def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, al
         except LaunchError as exc:
             raise click.ClickException(str(exc)) from None
     opts = SweepOptions(collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype, op, iters, warmup,
-                        json_path, csv_path, plot_path, link_rate, progress, title, ringlet_transport)
+                        json_path, csv_path, plot_path, link_rate, progress, title, ringlet_transport,
+                        compression, sizes)
     sys.exit(sweep_in_job(opts))
