@@ -111,9 +111,13 @@ class Compressed:
     name: str = ""
 
     @staticmethod
-    def of(compression, state: dict | None) -> "Compressed | None":
-        """From the core API's ``compression=`` (None: no compression) and ``compression_state=``."""
-        return None if compression is None else Compressed(_compression.get(compression), state)
+    def of(compression, state: dict | None, shape: tuple = ()) -> "Compressed | None":
+        """From the core API's ``compression=`` (None: no compression) and ``compression_state=``; a
+        tensor of two or more dimensions is one matrix to a compressor with its own schedule (PowerSGD:
+        rows are dim 0), as a DDP bucket's parameters are."""
+        if compression is None:
+            return None
+        return Compressed(_compression.get(compression), state, (tuple(shape),) if len(shape) >= 2 else None)
 
 
 def _run_compressed(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
@@ -182,7 +186,7 @@ def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", gr
     """
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=False, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state)).wait()
+                             compressed=Compressed.of(compression, compression_state, tensor.shape)).wait()
 
 
 def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -191,7 +195,7 @@ def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, presc
     """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=False, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state))
+                             compressed=Compressed.of(compression, compression_state, tensor.shape))
 
 
 def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -200,7 +204,7 @@ def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_f
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=True, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state)).wait()
+                             compressed=Compressed.of(compression, compression_state, tensor.shape)).wait()
 
 
 def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -209,7 +213,7 @@ def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, pres
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until the handle completes."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=True, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state))
+                             compressed=Compressed.of(compression, compression_state, tensor.shape))
 
 
 def compressed_allreduce_async_(tensor: torch.Tensor, spec: Compressed, *, average: bool = True,

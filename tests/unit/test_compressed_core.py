@@ -106,3 +106,22 @@ def test_mismatch_against_a_plain_small_allreduce_on_shared_memory():
                 rt.close()
 
     assert shm_runtimes(3, fn) == [[3.0] * 8] * 3
+
+
+def test_core_api_hands_a_matrix_to_powersgd():
+    """A 2-D tensor reaches PowerSGD as one matrix (it compresses); a 1-D one is summed exactly."""
+    def fn(rank):
+        import ringlet
+
+        m = torch.full((64, 64), float(rank + 1))
+        before = ringlet.wire_bytes()
+        ringlet.allreduce_(m, compression="powersgd", compression_state={}, check=False, algorithm="ring")
+        sent = (ringlet.wire_bytes() - before).sent
+        v = torch.full((64 * 64,), float(rank + 1))
+        ringlet.allreduce_(v, compression="powersgd", compression_state={}, check=False)
+        return sent, m, v
+
+    out = run_world(2, fn)
+    for sent, m, v in out:
+        assert sent < 64 * 64 * 4 // 4  # rank 2: 2 * 64 floats each way, not the 16 KiB buffer
+        assert torch.allclose(m, torch.full((64, 64), 3.0)) and torch.equal(v, torch.full((64 * 64,), 3.0))

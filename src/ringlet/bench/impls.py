@@ -17,7 +17,6 @@ import torch
 
 import ringlet
 from ringlet import compression
-from ringlet.collectives import Compressed, compressed_allreduce_async_
 from ringlet.types import ReduceOp
 
 Impl = Callable[[torch.Tensor, torch.Tensor | None, bool], torch.Tensor]
@@ -165,9 +164,7 @@ class CompressedAllreduce:
     ``ringlet.allreduce(inp, compression=name, compression_state=self.state, algorithm=algorithm,
     check=check)``; ``state`` replaces the kept state for that call (a fresh ``{}``: one call without
     error-feedback memory). A compressor with its own schedule (``reduces_by == "custom"``: PowerSGD) gets
-    the buffer as one :func:`near_square` matrix through the same core queue
-    (:func:`ringlet.collectives.compressed_allreduce_async_` with ``shapes``): the core API's
-    ``compression=`` passes no shapes, and PowerSGD sums a shapeless buffer uncompressed."""
+    the buffer viewed as one :func:`near_square` matrix (the core API hands a tensor's shape to it)."""
 
     def __init__(self, name: str, numel: int, algorithm: str = "ring"):
         self.name, self.algorithm = name, algorithm
@@ -177,9 +174,7 @@ class CompressedAllreduce:
 
     def __call__(self, inp: torch.Tensor, check: bool = False, state: dict | None = None) -> torch.Tensor:
         state = self.state if state is None else state
-        out = inp.clone()
-        if self.shapes is None:
-            return ringlet.allreduce_(out, algorithm=self.algorithm, check=check, compression=self.compressor,
-                                      compression_state=state)
-        spec = Compressed(self.compressor, state, self.shapes, name=self.name)
-        return compressed_allreduce_async_(out, spec, average=False, algorithm=self.algorithm, check=check).wait()
+        out = inp.clone() if self.shapes is None else inp.clone().view(self.shapes[0])
+        ringlet.allreduce_(out, algorithm=self.algorithm, check=check, compression=self.compressor,
+                           compression_state=state)
+        return out.view(-1)

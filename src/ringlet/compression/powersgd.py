@@ -49,6 +49,7 @@ from ._common import check_int, state_generator
 __all__ = ["PowerSGD"]
 
 _ORTHOGONALIZE = ("gram_schmidt", "qr")
+_RANK_TOL = 1e-4  # relative norm below which a projected column counts as dependent
 
 
 class _Part(NamedTuple):
@@ -62,16 +63,20 @@ class _Part(NamedTuple):
 
 
 def _gram_schmidt_(a: torch.Tensor) -> None:
-    """Orthonormalise the columns of ``a`` in place (each projected out twice, for accuracy); a column
-    with nothing left after projection becomes zero. NaN/Inf propagate."""
+    """Orthonormalise the columns of ``a`` in place (each projected out twice, for accuracy). A column
+    with less than :data:`_RANK_TOL` of its norm left after projection becomes zero: what is left then is
+    rounding, and normalising it would invent a direction (for a column parallel to an earlier one, the
+    rounding error can even point along that one). NaN/Inf propagate."""
     for j in range(a.shape[1]):
         col = a[:, j]
+        before = torch.linalg.vector_norm(col)
         if j:
             prev = a[:, :j]
             for _ in range(2):
                 col.sub_(prev @ (prev.T @ col))
         norm = torch.linalg.vector_norm(col)
-        col.mul_(torch.where(norm > 0, norm.reciprocal(), 0.0))
+        keep = (norm > _RANK_TOL * before) & (norm > 0)
+        col.mul_(torch.where(keep, norm.reciprocal(), 0.0))
 
 
 def _carve(buf: torch.Tensor, sizes: list[tuple[int, int]]) -> list[torch.Tensor]:
