@@ -24,6 +24,8 @@ rank without any communication (the compute floor: its CPU per thread is what th
 ``HookState`` (``state.NAME=VALUE`` options set on it).
 ``localsgd[:period=K,warmup_steps=W,NAME=VALUE,...]`` is post-local SGD
 (``ringlet.torch.training.LocalSGD``, default ``K`` 4) over ringlet's DDP (the other options are the DDP's).
+``diloco[:period=H,outer_lr=..,outer_momentum=..,compression=..]`` is
+``ringlet.torch.training.DiLoCo`` on the plain model (defaults H 8, outer lr 0.7, momentum 0.5).
 ``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
@@ -69,18 +71,20 @@ def _value(text: str):
 
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
-    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd"):
+    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd", "diloco"):
         raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
                          "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
 
 
 class _LocalStepper:
-    """The optimizer of a ``localsgd`` arm: ``step()`` is LocalSGD's (the optimizer's step, then the
-    periodic averaging); ``finish()`` averages once more so that the ranks' parameters can be compared."""
+    """The optimizer of a ``localsgd`` or ``diloco`` arm: ``step()`` is the wrapper's (the optimizer's
+    step, then the periodic synchronisation); ``finish()`` synchronises once more so that the ranks'
+    parameters can be compared."""
 
-    def __init__(self, opt, local):
+    def __init__(self, opt, local, finish=None):
         self.opt, self.local = opt, local
+        self._finish = finish if finish is not None else local.average
 
     def zero_grad(self) -> None:
         self.opt.zero_grad()
@@ -89,7 +93,7 @@ class _LocalStepper:
         self.local.step()
 
     def finish(self) -> None:
-        self.local.average()
+        self._finish()
 
 
 def _torch_hook(opts: dict):
@@ -164,6 +168,13 @@ def main() -> None:
             wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
             if hook is not None:
                 wrapped.register_comm_hook(*hook)
+        elif kind == "diloco":  # DiLoCo on the plain model: period, outer_lr, outer_momentum, compression
+            from ringlet.torch.training import DiLoCo
+
+            wrapped = model
+            outer = DiLoCo(model, optimizer, **{"period": 8, "outer_lr": 0.7, "outer_momentum": 0.5, **opts})
+            optimizer = _LocalStepper(optimizer, outer, outer.outer_step)
+            opts = {}
         elif kind == "localsgd":  # post-local SGD over ringlet's DDP: period, warmup_steps; the rest to the DDP
             from ringlet.torch.training import LocalSGD
 
