@@ -13,8 +13,9 @@ factors and the step tuner off (so every gradient goes through the arm's compres
 * a compressor name of :func:`ringlet.compression.get` (``fp16``, ``bf16``, ``int8+ef``, ``topk:0.01``,
   ``topk:0.01+ef``, ``powersgd:2``, ...);
 * ``localsgd:K``: post-local SGD, parameters averaged every ``K`` steps after one epoch of synchronous
-  steps; ``diloco:H[:LR[:MOMENTUM]]``: the DiLoCo-style outer step every ``H`` inner steps (outer Nesterov
-  SGD, lr 0.7 and momentum 0.9 by default, the paper's). Both synchronise once more after the last step.
+  steps; ``diloco:H[:LR[:MOMENTUM[:COMPRESSOR]]]``: the DiLoCo-style outer step every ``H`` inner steps
+  (outer Nesterov SGD, lr 0.7 and momentum 0.9 by default, the paper's; the deltas compressed when a
+  compressor is named). Both synchronise once more after the last step.
 
 Prints one markdown table: final test accuracy per arm and model, and the difference to ``fp32``.
 Parameters are checked equal on every rank at the end of each arm.
@@ -68,8 +69,10 @@ def build(arm: str, model: nn.Module, opt: torch.optim.Optimizer, steps_per_epoc
         from ringlet.torch.training import DiLoCo  # noqa: PLC0415
 
         period, _, rest = arg.partition(":")
-        lr, _, momentum = rest.partition(":")
-        outer = DiLoCo(model, opt, period=int(period), outer_lr=float(lr or 0.7), outer_momentum=float(momentum or 0.9))
+        lr, _, rest = rest.partition(":")
+        momentum, _, compression = rest.partition(":")
+        outer = DiLoCo(model, opt, period=int(period), outer_lr=float(lr or 0.7), outer_momentum=float(momentum or 0.9),
+                       compression=compression or None)
         return model, outer.step, outer.outer_step
     extra = {} if arm == "fp32" else {"compression": arm}
     ddp = ringlet.torch.DistributedDataParallel(model, sufficient_factors=False, tune=False, **extra)
