@@ -148,3 +148,26 @@ class Transport(abc.ABC):
     # The backend's own collective, the "native" algorithm. Transports without one return False.
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
         return False
+
+
+class PostingTransport(Transport):
+    """A transport whose sends and receives go through one routine, :meth:`_post` (``what``: ``"send"``
+    or ``"receive"``), after :meth:`_check_open`; the bytes are counted here."""
+
+    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        return self._posted(buf, peer, tag, "send")
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        return self._posted(buf, peer, tag, "receive")
+
+    def _posted(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        self._check_open()
+        (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
+        return self._post(buf, peer, tag, what)
+
+    @abc.abstractmethod
+    def _check_open(self) -> None:
+        """Raise ``PeerError`` when the transport is closed."""
+
+    @abc.abstractmethod
+    def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle: ...

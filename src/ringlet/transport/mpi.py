@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
-from .base import Handle, Transport, nbytes
+from .base import Handle, PostingTransport, nbytes
 
 # Polling a request: spin briefly (latency), yield for a moment, then sleep in short naps (one Test
 # per nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to
@@ -155,7 +155,7 @@ _MPI_DTYPES = {
 }
 
 
-class MPITransport(Transport):
+class MPITransport(PostingTransport):
     """Point-to-point over a private duplicate of ``MPI.COMM_WORLD``."""
 
     name = "mpi"
@@ -187,15 +187,7 @@ class MPITransport(Transport):
         if self._closed:
             raise PeerError(f"rank {self.rank}: the MPI transport has been closed")
 
-    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        return self._post(buf, peer, tag, "send")
-
-    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        return self._post(buf, peer, tag, "receive")
-
     def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
-        self._check_open()
-        (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
         MPI = _mpi()
         arr = [_as_bytes(buf), MPI.BYTE]
         try:

@@ -22,7 +22,7 @@ import os
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
-from .base import Handle, Transport, nbytes
+from .base import Handle, PostingTransport, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def destroy_default_group() -> None:
         dist.destroy_process_group()
 
 
-class TorchTransport(Transport):
+class TorchTransport(PostingTransport):
     """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
 
     name = "torch"
@@ -215,15 +215,7 @@ class TorchTransport(Transport):
             pg = self._p2p_pg[cuda] = group if group is not None else _dist().group.WORLD
         return pg
 
-    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        return self._post(buf, peer, tag, "send")
-
-    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        return self._post(buf, peer, tag, "receive")
-
     def _post(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
-        self._check_open()
-        (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
         pg = self._p2p_group(buf)
         try:
             work = pg.send([buf], peer, tag) if what == "send" else pg.recv([buf], peer, tag)

@@ -19,7 +19,7 @@ import torch
 from ringlet.types import ReduceOp
 
 from ..comm import Comm
-from .broadcast import broadcast_coalesced
+from .broadcast import broadcast_coalesced, coalesced_
 
 __all__ = ["average_", "average_module_", "check_count", "copy_to_model_", "group_comm", "next_name", "split_buffers",
            "stepped", "trainable", "unwrap"]
@@ -31,24 +31,10 @@ def next_name(kind: str) -> str:
     return f"ringlet.{kind}"
 
 
-@torch.no_grad()
 def average_(comm: Comm, tensors: list[torch.Tensor], name: str) -> None:
     """Replace each of ``tensors`` by its mean over ``comm``'s group (in place; one flat all-reduce per
     (dtype, device), all launched before any is waited for)."""
-    by_kind: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.numel():
-            by_kind.setdefault((t.dtype, t.device), []).append(t)
-    works = []
-    for i, ts in enumerate(by_kind.values()):
-        flat = torch.cat([t.reshape(-1) for t in ts])
-        works.append((ts, flat, comm.allreduce_(flat, ReduceOp.AVG, f"{name}{i}")))
-    for ts, flat, work in works:
-        work.wait()
-        off = 0
-        for t in ts:
-            t.copy_(flat[off:off + t.numel()].view_as(t))
-            off += t.numel()
+    coalesced_(tensors, name, lambda flat, n: comm.allreduce_(flat, ReduceOp.AVG, n))
 
 
 def check_count(name: str, value, least: int) -> int:
