@@ -114,7 +114,8 @@ class Compressed:
     def of(compression, state: dict | None, shape: tuple = ()) -> "Compressed | None":
         """From the core API's ``compression=`` (None: no compression) and ``compression_state=``; a
         tensor of two or more dimensions is one matrix to a compressor with its own schedule (PowerSGD:
-        rows are dim 0), as a DDP bucket's parameters are."""
+        rows are dim 0), as a DDP bucket's parameters are. ``shape``: the tensor's (callers pass ``()``
+        for a non-tensor, which the argument checks then reject)."""
         if compression is None:
             return None
         return Compressed(_compression.get(compression), state, (tuple(shape),) if len(shape) >= 2 else None)
@@ -186,7 +187,7 @@ def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", gr
     """
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=False, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state, tensor.shape)).wait()
+                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ()))).wait()
 
 
 def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -195,7 +196,7 @@ def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, presc
     """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=False, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state, tensor.shape))
+                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
 
 
 def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -204,7 +205,7 @@ def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_f
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=True, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state, tensor.shape)).wait()
+                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ()))).wait()
 
 
 def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
@@ -213,7 +214,7 @@ def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, pres
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until the handle completes."""
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
                              inplace=True, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state, tensor.shape))
+                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
 
 
 def compressed_allreduce_async_(tensor: torch.Tensor, spec: Compressed, *, average: bool = True,
