@@ -26,7 +26,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from case_harness import check, identical_across_ranks, run_cases
+from case_harness import check, identical_across_ranks, worker_main
 
 import ringlet
 from ringlet.torch import DistributedDataParallel, GradScaler, MasterWeights
@@ -235,27 +235,15 @@ def case_coordinated(rank, world):
     return run
 
 
-def main() -> int:
-    out = sys.argv[1]
-    torch.set_num_threads(1)
-    ringlet.init()
-    rank, world = ringlet.rank(), ringlet.size()
-    cases = [
+def cases(rank: int, world: int) -> list:
+    return [
         ("inf_on_one_rank", case_inf_on_one_rank(rank, world)),
         ("master_weights", case_master_weights(rank, world)),
         ("autocast_bf16", case_autocast_bf16(rank, world)),
         ("checkpoint", case_checkpoint(rank, world)),
         ("coordinated", case_coordinated(rank, world)),
     ]
-    run_cases(cases, out, rank, world, sys.argv[2].split(",") if len(sys.argv) > 2 else None)
-    try:
-        import ringlet.torch as hvd
-
-        hvd.shutdown()
-    finally:
-        ringlet.shutdown()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main(cases))

@@ -7,6 +7,7 @@ one rank only does not leave the others waiting in a collective; the case fails 
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 from typing import Callable
 
@@ -55,3 +56,20 @@ def run_cases(cases: list[tuple[str, Callable[[dict], None]]], out: str, rank: i
                                       "trace": traceback.format_exc()[-3000:]})
         with open(f"{out}.rank{rank}", "w") as f:
             json.dump(summary, f, indent=1)
+
+
+def worker_main(make_cases: Callable[[int, int], list[tuple[str, Callable[[dict], None]]]]) -> int:
+    """A worker process's main (``argv``: OUT [CASE,CASE,...]): ``ringlet.init()``, the cases
+    ``make_cases(rank, world)`` through :func:`run_cases`, then ``ringlet.torch`` and ringlet shut down."""
+    out = sys.argv[1]
+    torch.set_num_threads(1)
+    ringlet.init()
+    rank, world = ringlet.rank(), ringlet.size()
+    run_cases(make_cases(rank, world), out, rank, world, sys.argv[2].split(",") if len(sys.argv) > 2 else None)
+    try:
+        import ringlet.torch as hvd
+
+        hvd.shutdown()
+    finally:
+        ringlet.shutdown()
+    return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from case_harness import check, flat, identical_across_ranks, model_state, run_cases
+from case_harness import check, flat, identical_across_ranks, model_state, worker_main
 
 import ringlet
 from ringlet.torch import DistributedDataParallel
@@ -222,12 +222,8 @@ def case_coordinated(rank, world):
     return run
 
 
-def main() -> int:
-    out = sys.argv[1]
-    torch.set_num_threads(1)
-    ringlet.init()
-    rank, world = ringlet.rank(), ringlet.size()
-    cases = [
+def cases(rank: int, world: int) -> list:
+    return [
         ("bad_arguments", case_bad_arguments(rank, world)),
         ("local_sgd_k1", case_local_sgd_k1(rank, world)),
         ("local_sgd_schedule", case_local_sgd_schedule(rank, world)),
@@ -235,15 +231,7 @@ def main() -> int:
         ("diloco_nesterov", case_diloco_nesterov(rank, world)),
         ("coordinated", case_coordinated(rank, world)),
     ]
-    run_cases(cases, out, rank, world, sys.argv[2].split(",") if len(sys.argv) > 2 else None)
-    try:
-        import ringlet.torch as hvd
-
-        hvd.shutdown()
-    finally:
-        ringlet.shutdown()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main(cases))
