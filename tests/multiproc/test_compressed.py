@@ -3,33 +3,22 @@ real transport at 2 and 3 ranks; the training front ends (stock torch DDP hooks 
 buckets, ringlet's DDP, the Horovod optimizer) over the torch transport."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from mp_jobs import job_report, load_rank_files, require_transport, run_job, transport_params, worker
+from case_jobs import run_worker
+from mp_jobs import transport_params
 
 JOB_TIMEOUT = 300
 
 
 def run(tmp_path, world: int, transport: str, mode: str) -> list[dict]:
-    out = tmp_path / f"{mode}.json"
-    job = run_job(["-np", str(world), "--transport", transport, "--", sys.executable, worker("compressed_worker.py"),
-                   str(out), mode], timeout=JOB_TIMEOUT, env={"RINGLET_TIMEOUT": "60"})
-    ranks = load_rank_files(out, world)
-    missing = [r for r, s in enumerate(ranks) if s is None]
-    assert not missing, f"ranks {missing} wrote no summary\n{job_report(job)}"
-    failures = [f"rank {s['rank']}: {f['case']}: {f['error']}\n{f['trace']}" for s in ranks for f in s["failed"]]
-    assert not failures, "\n".join(failures[:20])
-    assert job.returncode == 0, job_report(job)
-    return ranks
+    return run_worker("compressed_worker.py", transport, world, tmp_path, timeout=JOB_TIMEOUT, args=(mode,))
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("transport", transport_params())
 def test_core_compressed_allreduce(transport, world, tmp_path):
-    require_transport(transport)
     ranks = run(tmp_path, world, transport, "core")
     nums = ranks[0]["numbers"]
     print(f"{transport} x {world}: {len(ranks[0]['passed'])} cases; bytes sent by rank 0 for 4 MiB: "
