@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
@@ -29,6 +31,43 @@ class Transfer:
     @property
     def recv_offset(self) -> int:
         return self.offset if self.dst_offset < 0 else self.dst_offset
+
+
+@dataclass(frozen=True, slots=True)
+class StepArrays:
+    """One step's transfers as parallel numpy arrays (one entry per transfer, schedule order).
+
+    ``src``/``dst``: schedule ranks; ``offset``/``count``: the sender's element range;
+    ``recv_offset``: where the receiver puts it (already resolved, never -1); ``reduce``: bool;
+    ``src_buf``/``dst_buf``: buffer indices. Integer arrays may use any integer dtype (the compact
+    storage picks the smallest); treat them as read-only. This is the form the simulator and the cost
+    model read: whole steps at once, without a Python object per transfer.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    offset: np.ndarray
+    count: np.ndarray
+    recv_offset: np.ndarray
+    reduce: np.ndarray
+    src_buf: np.ndarray
+    dst_buf: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @staticmethod
+    def of(transfers) -> "StepArrays":
+        """Arrays of a sequence of :class:`Transfer`."""
+        ts = list(transfers)
+
+        def col(get, dtype):
+            return np.fromiter((get(t) for t in ts), dtype=dtype, count=len(ts))
+
+        return StepArrays(col(lambda t: t.src, np.int32), col(lambda t: t.dst, np.int32),
+                          col(lambda t: t.offset, np.int64), col(lambda t: t.count, np.int64),
+                          col(lambda t: t.recv_offset, np.int64), col(lambda t: t.reduce, np.bool_),
+                          col(lambda t: t.src_buf, np.int8), col(lambda t: t.dst_buf, np.int8))
 
 
 @dataclass(frozen=True)
@@ -52,6 +91,10 @@ class Schedule:
         for s, step in enumerate(self.steps):
             for t in step:
                 yield s, t
+
+    def step_arrays(self, s: int) -> StepArrays:
+        """Step ``s`` as arrays (:class:`StepArrays`)."""
+        return StepArrays.of(self.steps[s])
 
     def bytes_sent(self, itemsize: int) -> list[int]:
         """Bytes each rank sends in total: what the cost model and tests count."""

@@ -1,0 +1,180 @@
+"""The modelled network: the one table of constants (α, β per link class; γ) and the links a transfer
+crosses. The cost model (:mod:`ringlet.tuning.cost`) and the simulator (:mod:`ringlet.sim`) both read
+it; calibration (:mod:`ringlet.tuning.calibrate`) fills it from measurements.
+
+Topology. Ranks sit on hosts (``host_of[r]``). Every rank has a full-duplex port into its host's
+fabric: a transfer between two ranks of one host is of class ``intra`` and crosses the sender's
+*out* port and the receiver's *in* port. Every host has one full-duplex uplink to a non-blocking
+switch: a transfer between hosts is of class ``inter`` and crosses the sending host's *up* link and
+the receiving host's *down* link (the ranks' ports are not counted again). A link carrying ``k``
+transfers at once gives each ``1/k`` of its bandwidth. This is the emulated cluster's shape (one
+rate-limited veth per host, loopback or shared memory inside) and a fat-tree's first-order shape.
+
+Costs. A message of ``b`` bytes over class ``c`` alone on its links takes ``alpha[c] + b·beta[c]``
+seconds; reducing ``b`` bytes into a buffer takes ``b·gamma`` (float32 sum; other dtypes scale by
+bytes). ``alpha`` is everything per message (wire latency plus software), ``beta`` is 1/bandwidth as
+seen by the collective, so calibrated values already contain protocol overheads.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+INTRA, INTER = "intra", "inter"
+LINK_CLASSES = (INTRA, INTER)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCost:
+    """One link class: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+    def __post_init__(self) -> None:
+        if not (self.alpha >= 0 and self.beta >= 0 and math.isfinite(self.alpha) and math.isfinite(self.beta)):
+            raise ValueError(f"alpha and beta must be finite and >= 0, got {self.alpha}, {self.beta}")
+
+    @property
+    def gbit(self) -> float:
+        """Bandwidth in Gbit/s (inf for beta 0)."""
+        return math.inf if self.beta == 0 else 8e-9 / self.beta
+
+
+@dataclass(frozen=True)
+class Network:
+    """The constants table: axes are link class (``intra``, ``inter``) × (``alpha``, ``beta``), and ``gamma``."""
+
+    links: Mapping[str, LinkCost]
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        missing = [c for c in LINK_CLASSES if c not in self.links]
+        if missing:
+            raise ValueError(f"network lacks link classes {missing}")
+        if not (self.gamma >= 0 and math.isfinite(self.gamma)):
+            raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
+
+    def __getitem__(self, cls: str) -> LinkCost:
+        return self.links[cls]
+
+    @staticmethod
+    def of(*, link: str | float, latency: str | float, intra_link: str | float | None = None,
+           intra_latency: str | float | None = None, gamma: float = 0.0) -> "Network":
+        """From rates and latencies (``"100gbit"``, ``"2us"`` or numbers in bit/s and seconds). Without
+        ``intra_link`` the intra-host class gets 4× the inter rate; without ``intra_latency``, 1/4 the latency."""
+        beta = 8.0 / parse_rate(link)
+        alpha = parse_time(latency)
+        intra_beta = beta / 4 if intra_link is None else 8.0 / parse_rate(intra_link)
+        intra_alpha = alpha / 4 if intra_latency is None else parse_time(intra_latency)
+        return Network({INTRA: LinkCost(intra_alpha, intra_beta), INTER: LinkCost(alpha, beta)}, gamma)
+
+    def to_dict(self) -> dict:
+        return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma}
+
+    @staticmethod
+    def from_dict(d: Mapping) -> "Network":
+        try:
+            links = {c: LinkCost(float(v["alpha"]), float(v["beta"])) for c, v in d["links"].items()}
+            return Network(links, float(d.get("gamma", 0.0)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a network table: {d!r}") from exc
+
+    def table(self) -> str:
+        """The constants as a small text table (for logs and ``ringlet tune``)."""
+        rows = [f"{'class':<6} {'alpha (us)':>11} {'beta (ns/B)':>12} {'Gbit/s':>8}"]
+        for c in LINK_CLASSES:
+            lc = self.links[c]
+            rows.append(f"{c:<6} {lc.alpha * 1e6:11.2f} {lc.beta * 1e9:12.4f} {lc.gbit:8.2f}")
+        rows.append(f"gamma  {self.gamma * 1e9:.4f} ns/B ({'inf' if not self.gamma else f'{1e-9 / self.gamma:.2f}'} GB/s)")
+        return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where ranks sit: ``host_of[r]`` is rank ``r``'s host index (any integers; compared for equality)."""
+
+    host_of: tuple[int, ...]
+    _hosts: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _, dense = np.unique(np.asarray(self.host_of, dtype=np.int64), return_inverse=True)
+        object.__setattr__(self, "_hosts", dense.astype(np.int32))
+
+    @staticmethod
+    def uniform(ranks: int, per_host: int) -> "Topology":
+        """``ranks`` ranks, ``per_host`` consecutive ranks on each host (the last host may have fewer)."""
+        if ranks < 1 or per_host < 1:
+            raise ValueError(f"need ranks >= 1 and per_host >= 1, got {ranks} and {per_host}")
+        return Topology(tuple(r // per_host for r in range(ranks)))
+
+    @property
+    def size(self) -> int:
+        return len(self.host_of)
+
+    @property
+    def nhosts(self) -> int:
+        return int(self._hosts.max()) + 1 if self.size else 0
+
+    def links(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For transfers ``src[i] -> dst[i]``: ``(inter, out_link, in_link)``. ``inter[i]`` is true for a
+        transfer between hosts. Link ids are dense and disjoint across kinds: ranks' out ports are
+        ``0..p-1``, in ports ``p..2p-1``, hosts' up links ``2p..2p+H-1``, down links ``2p+H..2p+2H-1``
+        (so ``np.bincount`` over both arrays counts the transfers on every link)."""
+        p, nh = self.size, self.nhosts
+        hs, hd = self._hosts[src], self._hosts[dst]
+        inter = hs != hd
+        out_link = np.where(inter, 2 * p + hs, src)
+        in_link = np.where(inter, 2 * p + nh + hd, p + dst)
+        return inter, out_link, in_link
+
+    @property
+    def nlinks(self) -> int:
+        return 2 * self.size + 2 * self.nhosts
+
+
+_RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
+_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us|µs|ns)?\s*$", re.I)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(rate: str | float) -> float:
+    """Bits per second from ``"100gbit"``, ``"1gbit/s"``, ``"400mbit"``, ``"12.5GB"`` (bytes) or a number."""
+    if isinstance(rate, (int, float)):
+        value = float(rate)
+    else:
+        m = _RATE.match(rate)
+        if not m:
+            raise ValueError(f"not a link rate: {rate!r} (try 100gbit, 400mbit)")
+        unit = (m.group(3) or "bit").lower()
+        value = float(m.group(1)) * _SCALE[m.group(2).lower()] * (8.0 if unit == "b" and m.group(3) == "B" else 1.0)
+    if not value > 0:
+        raise ValueError(f"a link rate must be positive, got {rate!r}")
+    return value
+
+
+def parse_time(t: str | float) -> float:
+    """Seconds from ``"2us"``, ``"0.5ms"``, ``"1s"`` or a number of seconds."""
+    if isinstance(t, (int, float)):
+        value = float(t)
+    else:
+        m = _TIME.match(t)
+        if not m:
+            raise ValueError(f"not a duration: {t!r} (try 2us, 0.5ms)")
+        unit = (m.group(2) or "s").lower().replace("µ", "u")
+        value = float(m.group(1)) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+    if value < 0 or not math.isfinite(value):
+        raise ValueError(f"a duration must be finite and >= 0, got {t!r}")
+    return value
+
+
+def host_layout(host_of: Sequence[int]) -> tuple[int, ...]:
+    """Ranks per host, hosts in order of first appearance: the layout part of a cluster fingerprint."""
+    counts: dict[int, int] = {}
+    for h in host_of:
+        counts[h] = counts.get(h, 0) + 1
+    return tuple(counts.values())
