@@ -67,7 +67,7 @@ class Model:
     schedules; forcing the name still works); ``cache``: decisions kept (least recently used dropped).
     Thread-safe. ``ValueError`` for bad arguments."""
 
-    def __init__(self, network: Network, *, segments: Sequence[int | None] = SEGMENTS, max_fanout: int = 8,
+    def __init__(self, network: Network, *, segments: Sequence[int | None] = SEGMENTS, max_fanout: int = 2,
                  cache: int = 4096):
         if not isinstance(network, Network):
             raise ValueError(f"a Model needs a Network, got {type(network).__name__}")
