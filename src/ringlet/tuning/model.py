@@ -160,7 +160,9 @@ class Model:
     def seconds(self, choice: Choice, nbytes: int, host_of: Sequence[int], itemsize: int = 4,
                 network: Network | None = None) -> float:
         """Predicted seconds of ``choice`` for ``nbytes`` (the model's constants unless ``network``)."""
-        return self.predict(choice, nbytes, host_of, itemsize, network).seconds
+        seg = math.inf if choice.segment_bytes is None else float(choice.segment_bytes)
+        net = self._network if network is None else network
+        return float(self.cost(choice.algorithm, host_of).seconds(nbytes, net, itemsize, np.array([seg]))[0])
 
     def predict(self, choice: Choice, nbytes: int, host_of: Sequence[int], itemsize: int = 4,
                 network: Network | None = None) -> Prediction:
