@@ -174,10 +174,13 @@ class Model:
                        count: int = 2) -> tuple[str, ...]:
         """The ``count`` algorithms of least total predicted time over messages of ``sizes`` bytes, each
         at its best segment size per message, leaving out an algorithm that ``"auto"`` would pick for
-        every message anyway (it adds nothing beside ``"auto"``)."""
+        every message anyway (it adds nothing beside ``"auto"``). For trials, which measure what the
+        model cannot see: ``max_fanout`` does not apply, but on more than 8 ranks an algorithm in which
+        a rank sends to every other rank at once is left out."""
         if not sizes:
             return ()
-        algs = self.algorithms(host_of)
+        names = [a for a in PREFERENCE if a in ALLREDUCE] + sorted(set(ALLREDUCE) - set(PREFERENCE))
+        algs = tuple(a for a in names if len(host_of) <= 8 or self.cost(a, host_of).fanout < len(host_of) - 1)
         total = np.zeros(len(algs))
         for nbytes in sizes:
             total += self._times(algs, nbytes, host_of, itemsize, None).min(axis=1)
