@@ -6,7 +6,7 @@ from ringlet.algorithms import ALLREDUCE
 from ringlet.algorithms.schedule import ScheduleBuilder
 from ringlet.tuning import cost
 from ringlet.tuning.network import Network, Topology
-from ringlet.tuning.signature import Signature
+from ringlet.tuning.signature import Signature, Stack
 
 NET = Network.of(link="1gbit", latency="50us", gamma=0.25e-9)
 LAYOUTS = [(0, 1, 2, 3), (0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 2, 3, 4), (0, 0, 1, 1, 1), (0, 0, 0, 1, 1, 1, 2),
@@ -63,3 +63,17 @@ def test_identical_resources_are_kept_once():
 def test_empty_schedule():
     sig = Signature.of(ScheduleBuilder("none", 3).build(), Topology((0, 1, 2)))
     assert sig.steps == 0 and sig.seconds(10, NET, 4, np.array([np.inf]))[0] == 0.0
+
+
+@pytest.mark.parametrize("host_of", LAYOUTS[:6], ids=str)
+def test_stacked_algorithms_match_one_by_one(host_of):
+    topo = Topology(host_of)
+    costs = [cost.AllreduceCost(a, topo) for a in sorted(ALLREDUCE)]
+    stack = Stack([c.signature for c in costs])
+    segs = np.array([np.inf, 4096.0, 1 << 20])
+    n = max(c.exact_from for c in costs) * 1001
+    together = stack.seconds(n, NET, 4, segs)
+    for c, row in zip(costs, together):
+        assert row == pytest.approx(c.seconds(4 * n, NET, 4, segs), rel=1e-12)
+    with pytest.raises(ValueError):
+        Stack([])

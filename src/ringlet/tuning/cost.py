@@ -135,6 +135,12 @@ class AllreduceCost:
                                       reference_count(topology))
         self._small: dict[int, Signature] = {}
 
+    @property
+    def exact_from(self) -> int:
+        """From this count on, :meth:`at` evaluates the signature itself."""
+        sig = self.signature
+        return 0 if sig.messages > EXACT_MESSAGES else sig.exact_below
+
     def at(self, n: int) -> tuple[Signature, int]:
         """The signature to evaluate for ``n`` elements, and the count to evaluate it at."""
         sig = self.signature

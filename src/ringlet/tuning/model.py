@@ -13,13 +13,14 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..algorithms import ALLREDUCE
 from .cost import AllreduceCost, Prediction
 from .network import Network, Topology
+from .signature import Stack
 
 __all__ = ["Choice", "Ranked", "Model", "SEGMENTS", "PREFERENCE"]
 
@@ -81,6 +82,7 @@ class Model:
         self.max_fanout = max_fanout
         self._cache_size = cache
         self._costs: dict[tuple[str, tuple[int, ...]], AllreduceCost] = {}
+        self._stacks: dict[tuple, tuple[Stack, int]] = {}
         self._decisions: OrderedDict = OrderedDict()
         self._lock = threading.RLock()
 
@@ -111,8 +113,20 @@ class Model:
         fit = tuple(a for a in names if self.cost(a, host_of).fanout <= self.max_fanout)
         return fit or tuple(names)
 
-    def _times(self, algorithms: Iterable[str], nbytes: int, host_of, itemsize: int, network: Network | None):
+    def _times(self, algorithms: Sequence[str], nbytes: int, host_of, itemsize: int, network: Network | None):
+        """Predicted seconds, shape (algorithms, segment sizes)."""
         net = self._network if network is None else network
+        key = (tuple(algorithms), tuple(host_of))
+        with self._lock:
+            stack = self._stacks.get(key)
+            if stack is None:
+                costs = [self.cost(a, host_of) for a in algorithms]
+                sigs = [c.signature for c in costs]
+                ok = all(s.steps for s in sigs)
+                stack = self._stacks[key] = (Stack(sigs) if ok else None,
+                                             max(c.exact_from for c in costs))
+        if stack[0] is not None and nbytes // itemsize >= stack[1] and nbytes % itemsize == 0:
+            return stack[0].seconds(nbytes // itemsize, net, itemsize, self._seg)
         return np.array([self.cost(a, host_of).seconds(nbytes, net, itemsize, self._seg) for a in algorithms])
 
     def _choice(self, algorithm: str, k: int, nbytes: int) -> Choice:

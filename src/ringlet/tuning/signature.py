@@ -224,3 +224,37 @@ class Signature:
         terms["alpha"] = terms[f"alpha.{INTRA}"] + terms[f"alpha.{INTER}"]
         terms["beta"] = terms[f"beta.{INTRA}"] + terms[f"beta.{INTER}"]
         return terms, int(k.max())
+
+
+class Stack:
+    """Several signatures (e.g. every algorithm on one layout) evaluated in one pass: the same
+    arithmetic as :meth:`Signature.seconds` on their concatenated rows, so choosing among ``A``
+    algorithms costs about one evaluation instead of ``A``. Every signature must have steps."""
+
+    def __init__(self, signatures: list[Signature]):
+        if not signatures or any(s.steps == 0 for s in signatures):
+            raise ValueError("a Stack needs signatures with steps")
+        rows = np.cumsum([0] + [len(s.num) for s in signatures])[:-1]
+        rrows = np.cumsum([0] + [len(s.rnum) for s in signatures])[:-1]
+        cat = np.concatenate
+        self.all = Signature("stack", signatures[0].nranks, sum(s.steps for s in signatures),
+                             sum(s.messages for s in signatures), max(s.fanout for s in signatures),
+                             cat([s.starts + r for s, r in zip(signatures, rows)]), cat([s.cls for s in signatures]),
+                             cat([s.flows for s in signatures]), cat([s.reducers for s in signatures]),
+                             cat([s.num for s in signatures]), cat([s.den for s in signatures]),
+                             cat([s.rstarts + r for s, r in zip(signatures, rrows)]),
+                             cat([s.rkind for s in signatures]), cat([s.rload for s in signatures]),
+                             cat([s.rnum for s in signatures]), cat([s.rden for s in signatures]))
+        self.step_bounds = np.cumsum([0] + [s.steps for s in signatures])
+        self.group_starts = np.cumsum([0] + [len(s.rstarts) for s in signatures])[:-1]
+
+    def seconds(self, n: int, network: Network, itemsize: int, segments: np.ndarray) -> np.ndarray:
+        """Predicted seconds, shape (signatures, segment sizes)."""
+        segments = np.asarray(segments, np.float64)
+        sig = self.all
+        (k, a, b, g), (rk, ra, rb, rg) = sig._parts(n, network, itemsize, segments)
+        tau = np.maximum.reduceat(a + b + g, sig.starts, axis=1)
+        cs = np.concatenate([np.zeros((len(segments), 1)), np.cumsum(tau, axis=1)], axis=1)
+        fill = cs[:, self.step_bounds[1:]] - cs[:, self.step_bounds[:-1]]
+        rem = np.maximum.reduceat(sig._groups((rk - 1.0) * (ra + rb + rg)), self.group_starts, axis=1)
+        return (fill + rem).T
