@@ -71,6 +71,15 @@ def test_hierarchical(hosts, local):
     assert close(seconds("hierarchical", n, host_of), intra + inter + gamma)
 
 
+@pytest.mark.parametrize("p,rows", [(4, 2), (6, 2), (8, 2), (9, 3), (5, 1)])
+def test_torus_on_one_rank_per_host(p, rows):
+    cols = p // rows
+    n = p * 1013
+    b = n * ITEM
+    expect = (2 * (cols + rows) - 4) * AE + 2 * (p - 1) / p * b * BE + (p - 1) / p * b * G
+    assert close(seconds("torus", n, flat(p)), expect)
+
+
 @pytest.mark.parametrize("p,k", [(3, 4), (5, 16)])
 def test_segmented_ring_is_bound_by_its_links(p, k):
     s = 4096  # segment bytes; chunk = k segments

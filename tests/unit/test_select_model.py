@@ -93,6 +93,16 @@ def test_new_constants_drop_cached_decisions():
     assert m.choose(65536, host_of).algorithm == "recursive_doubling"
 
 
+def test_a_new_algorithm_gets_a_cost_without_new_code(monkeypatch):
+    from ringlet.algorithms import ALLREDUCE, ring
+
+    monkeypatch.setitem(ALLREDUCE, "zz_copy_of_ring", lambda p, n, host_of: ring.allreduce(p, n))
+    m, host_of = select.Model(NET), hosts(5, 1)
+    assert m.algorithms(host_of)[-1] == "zz_copy_of_ring"
+    a, b = (m.best(64 << 20, host_of, algorithm=x) for x in ("ring", "zz_copy_of_ring"))
+    assert a.seconds == b.seconds and m.choose(64 << 20, host_of).algorithm == "ring"  # ties go to the known name
+
+
 def test_install():
     m = select.Model(NET)
     previous = select.install(m)
