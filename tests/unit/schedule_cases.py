@@ -75,6 +75,7 @@ def digests() -> dict[str, str]:
     return {k: h.hexdigest()[:20] for k, h in acc.items()}
 
 
+PLAN_WORLDS = WORLDS + (24, 33)  # > 16 peers: the executor's vectorised overlap queries
 PLAN_COUNTS = (0, 1, 7, 100)
 PLAN_SEGMENTS = (1, 3, 64)
 
@@ -86,7 +87,7 @@ def plan_digests() -> dict[str, str]:
 
     out = {}
     for algo in sorted(algorithms.ALLREDUCE):
-        for p in WORLDS:
+        for p in PLAN_WORLDS:
             h = hashlib.sha256()
             for n in PLAN_COUNTS:
                 for host_of in (tuple(r // 2 for r in range(p)), tuple([0] * p)):
