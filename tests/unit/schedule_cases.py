@@ -80,23 +80,26 @@ PLAN_COUNTS = (0, 1, 7, 100)
 PLAN_SEGMENTS = (1, 3, 64)
 
 
-def plan_digests() -> dict[str, str]:
-    """One digest per all-reduce algorithm and world size of every rank's compiled plan."""
+def plan_digest(algo: str, p: int) -> str:
+    """Digest of every rank's compiled plan of all-reduce ``algo`` on ``p`` ranks (several counts,
+    layouts and segment sizes)."""
     from ringlet import algorithms
     from ringlet.algorithms.executor import compile_plan
 
-    out = {}
-    for algo in sorted(algorithms.ALLREDUCE):
-        for p in PLAN_WORLDS:
-            h = hashlib.sha256()
-            for n in PLAN_COUNTS:
-                for host_of in (tuple(r // 2 for r in range(p)), tuple([0] * p)):
-                    sched = algorithms.ALLREDUCE[algo](p, n, host_of)
-                    for rank in range(p):
-                        for seg in PLAN_SEGMENTS:
-                            h.update(repr(compile_plan(sched, rank, seg)).encode())
-            out[f"plan {algo} p={p}"] = h.hexdigest()[:20]
-    return out
+    h = hashlib.sha256()
+    for n in PLAN_COUNTS:
+        for host_of in (tuple(r // 2 for r in range(p)), tuple([0] * p)):
+            sched = algorithms.ALLREDUCE[algo](p, n, host_of)
+            for rank in range(p):
+                for seg in PLAN_SEGMENTS:
+                    h.update(repr(compile_plan(sched, rank, seg)).encode())
+    return h.hexdigest()[:20]
+
+
+def plan_digests() -> dict[str, str]:
+    from ringlet import algorithms
+
+    return {f"plan {algo} p={p}": plan_digest(algo, p) for algo in sorted(algorithms.ALLREDUCE) for p in PLAN_WORLDS}
 
 
 def main() -> None:

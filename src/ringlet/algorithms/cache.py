@@ -70,24 +70,32 @@ class SizeBoundedCache:
 
 
 #: Every cached schedule builder's results: 256 MiB in all, none above 64 MiB (a ring all-reduce of
-#: 1,024 ranks weighs about 2-5 MB, so dozens of them fit).
+#: 1,024 ranks weighs about 2 MB, so dozens of them fit).
 SCHEDULES = SizeBoundedCache(256 << 20, max_item_bytes=64 << 20, max_entries=1024)
 
 
+def memoise(cache: SizeBoundedCache, weigh: Callable[[object, tuple], int]) -> Callable[[Callable], Callable]:
+    """Decorator: memoise a function of hashable positional arguments in ``cache``, each result
+    weighing ``weigh(result, args)`` bytes. The wrapper has ``cache_clear()`` (drops this function's
+    entries), ``cache`` and ``__wrapped__``."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args):
+            key = (wrapper, args)
+            hit = cache.get(key)
+            if hit is None:
+                hit = fn(*args)
+                cache.put(key, hit, weigh(hit, args))
+            return hit
+
+        wrapper.cache_clear = lambda: cache.clear(lambda key: key[0] is wrapper)
+        wrapper.cache = cache
+        return wrapper
+
+    return decorate
+
+
 def cached(builder: Callable) -> Callable:
-    """Memoise ``builder`` (hashable positional arguments, returns a Schedule) in :data:`SCHEDULES`.
-
-    The wrapper has ``cache_clear()`` (drops this builder's entries) and ``__wrapped__``.
-    """
-
-    @functools.wraps(builder)
-    def wrapper(*args):
-        key = (wrapper, args)
-        hit = SCHEDULES.get(key)
-        if hit is None:
-            hit = builder(*args)
-            SCHEDULES.put(key, hit, hit.nbytes())
-        return hit
-
-    wrapper.cache_clear = lambda: SCHEDULES.clear(lambda key: key[0] is wrapper)
-    return wrapper
+    """Memoise a schedule builder in :data:`SCHEDULES`, weighing each schedule by its ``nbytes()``."""
+    return memoise(SCHEDULES, lambda schedule, args: schedule.nbytes())(builder)

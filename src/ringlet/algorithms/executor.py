@@ -8,13 +8,13 @@ next (the ring's classic chunk pipelining, and a pipelined tree for free).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from .cache import SizeBoundedCache, memoise
 from .range_index import RangeIndex
 from .schedule import Schedule, StepArrays, Transfer
 
@@ -66,7 +66,17 @@ class _Run:
         return range(self.first + a, self.first + b + 1)
 
 
-@functools.lru_cache(maxsize=512)
+#: Compiled plans: 128 MiB in all, none above 32 MiB. A plan is weighed with its schedule (its key
+#: keeps the schedule alive) plus an estimate per message and action (slotted objects and tuples).
+PLANS = SizeBoundedCache(128 << 20, max_item_bytes=32 << 20, max_entries=512)
+_MSG_BYTES, _ACTION_BYTES = 160, 100
+
+
+def _plan_weight(plan: "Plan", args: tuple) -> int:
+    return args[0].nbytes() + _MSG_BYTES * len(plan.msgs) + _ACTION_BYTES * len(plan.actions)
+
+
+@memoise(PLANS, _plan_weight)
 def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
