@@ -263,16 +263,22 @@ class _PlanBuilder:
 
     def last_input(self, s: int, m: Msg) -> int:
         """Id of the last received segment of step ``s`` overlapping message ``m`` (-1: none)."""
+        runs, end = self.recv_runs[s], m.offset + m.count
+        if len(runs) <= 16:
+            last = -1
+            for run in runs:
+                r = run.seg_range(m.buf, m.offset, end, self.segment)
+                if r:
+                    last = max(last, r[-1])
+            return last
         index = self.recv_index
-        pos = index.overlapping(m.buf, m.offset, m.count, s, s + 1)
-        if len(pos) <= 16:
-            runs, where, end = self.recv_runs[s], index.where, m.offset + m.count
-            return max((runs[where[p][1]].seg_range(m.buf, m.offset, end, self.segment)[-1] for p in pos), default=-1)
+        pos = np.asarray(index.overlapping(m.buf, m.offset, m.count, s, s + 1), dtype=np.int64)
+        if not len(pos):
+            return -1
         if self._recv_first is None:  # first segment of every receive run, by flat position
             self._recv_first = np.array([run.first for runs in self.recv_runs for run in runs], dtype=np.int64)
-        p = np.asarray(pos)
-        ends = np.minimum(m.offset + m.count, index.hi[p])
-        return int((self._recv_first[p] + (ends - 1 - index.lo[p]) // self.segment).max())
+        ends = np.minimum(end, index.hi[pos])
+        return int((self._recv_first[pos] + (ends - 1 - index.lo[pos]) // self.segment).max())
 
     def unlocks(self, s: int, nxt: _Streams) -> dict[int, list[int]]:
         """Sends of step s+1 keyed by the received segment of step s that completes their input;
