@@ -141,6 +141,7 @@ def test_pieces_of_one_step_keep_their_order():
     (lambda b: b.add_many([0, 1], [1, 0, 1], 0, 1), ValueError),  # lengths differ
     (lambda b: b.add_many([[0]], [1], 0, 1), ValueError),  # not 1-D
     (lambda b: b.add_many([0.5], [1], 0, 1), TypeError),  # not integers
+    (lambda b: b.add_many(0, 1, 2.0, 1), TypeError),
     (lambda b: b.add_many(0, 1, 0, 1, reduce=[1]), TypeError),  # reduce not bool
     (lambda b: b.add_ranges(0, 1, b.ranges([0], [1]), 1), IndexError),  # outside the table
     (lambda b: b.add_ranges(0, 1, b.ranges([0], [1]), -1), IndexError),

@@ -157,14 +157,16 @@ class Ranges:
 
 
 def _vector(name: str, x, dtype) -> np.ndarray | int | bool:
-    """``x`` as a 1-D array, or as a Python scalar when it is one."""
-    a = x if isinstance(x, np.ndarray) else None if isinstance(x, (int, np.integer, np.bool_)) else np.asarray(x)
-    if a is None or a.ndim == 0:
+    """``x`` as a 1-D array, or as a Python scalar when it is one; ``TypeError`` for non-integers."""
+    if isinstance(x, (int, np.integer, np.bool_)):
         return dtype(x)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be a scalar or 1-D, got shape {a.shape}")
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
     if dtype is bool and a.dtype != np.bool_ or dtype is int and a.dtype.kind not in "iub":
         raise TypeError(f"{name} must hold {dtype.__name__}s, got dtype {a.dtype}")
+    if a.ndim == 0:
+        return dtype(a.item())
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a scalar or 1-D, got shape {a.shape}")
     return a
 
 
