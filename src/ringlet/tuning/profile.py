@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Sequence
 from .network import Network, host_layout
 
 FORMAT = 1
+log = logging.getLogger("ringlet.tuning")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +133,14 @@ def cache_path(fp: Fingerprint, folder: str | None = None) -> str:
 
 def lookup(fp: Fingerprint, folder: str | None = None) -> Profile | None:
     """The cached profile of ``fp`` in ``folder`` (default :func:`profile_dir`), or ``None`` when there is
-    none. A cached file that is not a profile, or whose fingerprint is not ``fp`` (a hand-copied file),
-    raises ``ValueError`` naming it."""
+    none or the file there holds another fingerprint's profile (a hand-copied file; ignored with a log
+    line). A file that is not a profile raises ``ValueError`` naming it."""
     path = cache_path(fp, folder)
     if not os.path.exists(path):
         return None
     prof = Profile.load(path)
     if prof.fingerprint != fp:
-        raise ValueError(f"{path}: holds the profile of {prof.fingerprint.describe()}, not of {fp.describe()}")
+        log.warning("ringlet: ignoring %s: it holds the profile of %s, not of %s", path,
+                    prof.fingerprint.describe(), fp.describe())
+        return None
     return prof
