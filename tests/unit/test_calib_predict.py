@@ -46,13 +46,15 @@ def test_predictions_go_into_the_rows(size):
     rows = [row("ringlet:ring", size, ip_us=expected_us * 1.25), row("ringlet:tree", size, ip_us=expected_us),
             row("ringlet:auto", size, 5.0), row("native", size, 5.0), row("ringlet:unknown", size, 5.0),
             row("ringlet:ring", size, 5.0, collective="allgather")]
-    n = predict.add_predictions(rows, NET, TOPO, segment_bytes=1 << 20, itemsize=4, predict=stand_in(calls))
+    setup = predict.PredictionSetup(NET, TOPO, 4, stand_in(calls), lambda algo, nbytes: 1 << 20)
+    n = predict.add_predictions(rows, setup)
     assert n == 2
     assert [c[0] for c in calls] == ["ring", "tree", "unknown"]
     assert all(c[1] == size and c[2] is TOPO and c[3] is NET and c[4:] == (4, 1 << 20) for c in calls)
     ring, tree = rows[0].extra, rows[1].extra
     assert ring["predicted_us"] == pytest.approx(expected_us) and ring["pred_err"] == pytest.approx(-0.2)
     assert tree["pred_err"] == pytest.approx(0.0, abs=1e-12) and tree["pred_against"] == "ip_us"
+    assert tree["pred_segment_bytes"] == 1 << 20
     assert all("predicted_us" not in r.extra for r in rows[2:])
     text = predict.table(rows)
     assert "ring" in text and "-20.0" in text and "auto" not in text
@@ -60,9 +62,40 @@ def test_predictions_go_into_the_rows(size):
 
 def test_out_of_place_time_when_there_is_no_in_place_one():
     r = row("ringlet:ring", 1024, ip_us=math.nan, oop_us=400.0)
-    predict.add_predictions([r], NET, TOPO, segment_bytes=4 << 20, itemsize=4, predict=stand_in([]))
+    predict.add_predictions([r], predict.PredictionSetup(NET, TOPO, 4, stand_in([]), lambda algo, nbytes: None))
     assert r.extra["pred_against"] == "oop_us"
     assert r.extra["pred_err"] == pytest.approx((2 * (100e-6 + 1024e-9) * 1e6 - 400.0) / 400.0)
+
+
+def test_the_segment_is_the_runtimes_without_an_installed_model(monkeypatch):
+    from ringlet.tuning import select
+
+    if hasattr(select, "install"):
+        monkeypatch.setattr(select, "_installed", None)
+    seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 4)
+    assert seg("ring", 1 << 30) == 4 << 20 and seg("tree", 4) == 4 << 20
+
+
+def test_the_segment_is_the_installed_models_choice(monkeypatch):
+    from ringlet.tuning import select
+
+    asked = []
+
+    @dataclass(frozen=True)
+    class Choice:
+        algorithm: str
+        segment_bytes: int | None
+
+    def allreduce_choice(name, p, nbytes, host_of, caps, model, itemsize):
+        asked.append((name, p, nbytes, host_of, model, itemsize))
+        return Choice(name, None if nbytes < 1024 else 256 << 10)
+
+    model = object()
+    monkeypatch.setattr(select, "allreduce_choice", allreduce_choice, raising=False)
+    monkeypatch.setattr(select, "installed", lambda: model, raising=False)
+    seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 2)
+    assert seg("ring", 1 << 20) == 256 << 10 and seg("tree", 4) == 4 << 20
+    assert asked == [("ring", 4, 1 << 20, (0, 0, 1, 1), model, 2), ("tree", 4, 4, (0, 0, 1, 1), model, 2)]
 
 
 def test_without_the_cost_model_there_is_no_predictor(monkeypatch):
@@ -117,3 +150,28 @@ def test_prediction_error_refuses_a_file_without_predictions(tmp_path):
     with pytest.raises(ValueError, match="no rows with predictions") as err:
         mod.read(str(path))
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["{broken", '{"format": 1}'])
+def test_bench_refuses_a_bad_profile_before_launching(tmp_path, content):
+    from click.testing import CliRunner
+
+    from ringlet.cli.main import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    res = CliRunner().invoke(main, ["bench", "--predict", str(bad)])
+    assert res.exit_code == 2 and str(bad) in res.output
+    res = CliRunner().invoke(main, ["bench", "--predict", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "missing.json" in res.output
+
+
+def test_tune_is_a_command():
+    from click.testing import CliRunner
+
+    from ringlet.cli.main import main
+
+    res = CliRunner().invoke(main, ["--help"])
+    assert "tune" in res.output
+    res = CliRunner().invoke(main, ["tune", "--help"])
+    assert res.exit_code == 0 and "--quick" in res.output and "--out" in res.output

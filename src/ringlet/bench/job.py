@@ -211,8 +211,8 @@ def _predict(o: SweepOptions, rows: list, rt) -> None:
         return
     network, topology, source = model
     itemsize = torch.empty(0, dtype=getattr(torch, o.dtype)).element_size()
-    if predict.add_predictions(rows, network, topology, segment_bytes=rt.options.segment_bytes,
-                               itemsize=itemsize, predict=fn):
+    segment = predict.executor_segment(rt.options.segment_bytes, tuple(rt.world.host_of), itemsize)
+    if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment)):
         print(f"# predictions from {source}\n{predict.table(rows)}", flush=True)
 
 

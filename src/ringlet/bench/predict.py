@@ -2,7 +2,8 @@
 
 For each ``ringlet:<algorithm>`` all-reduce row the prediction is
 ``ringlet.tuning.cost.predict_allreduce(algorithm, bytes, topology, network, itemsize=...,
-segment_bytes=<the executor's segment>)`` on the job's topology and the profile's network. It is
+segment_bytes=<the executor's segment>)`` on the job's topology and the profile's network; the segment
+is the one the executor runs that algorithm with (:func:`executor_segment`). It is
 compared with the in-place time (the schedule alone; the out-of-place form adds a copy the model does
 not count), and stored in the row's ``extra``: ``predicted_us``, ``pred_err`` (``(predicted −
 measured) / measured``) and ``pred_against`` (which column was used). Rows of ``auto``, ``native`` and
@@ -11,6 +12,7 @@ other implementations get no prediction.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .sweep import Row
@@ -19,10 +21,13 @@ Predictor = Callable[..., object]  # predict_allreduce's signature; returns an o
 
 
 def default_predictor() -> Predictor | None:
-    """``ringlet.tuning.cost.predict_allreduce``, or ``None`` where the cost model is not installed."""
+    """``ringlet.tuning.cost.predict_allreduce``, or ``None`` where the cost model does not exist (an
+    import error inside it still surfaces)."""
     try:
         from ringlet.tuning.cost import predict_allreduce
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "ringlet.tuning.cost":
+            raise
         return None
     return predict_allreduce
 
@@ -41,22 +46,55 @@ def _measured(row: Row) -> tuple[float, str]:
     return row.oop_us, "oop_us"
 
 
-def add_predictions(rows: Iterable[Row], network, topology, *, segment_bytes: int, itemsize: int,
-                    predict: Predictor) -> int:
-    """Put the prediction of every predictable row into its ``extra``; return how many rows got one. A
-    prediction that raises ``ValueError`` (an algorithm the model does not know) leaves its row alone."""
+@dataclass(frozen=True)
+class PredictionSetup:
+    """What predicting a row needs: the profile's ``network``, the job's ``topology``, the element size,
+    the cost model's ``predict`` (``predict_allreduce``) and ``segment(algorithm, nbytes)``, the segment
+    the executor runs that algorithm with (:func:`executor_segment`)."""
+
+    network: object
+    topology: object
+    itemsize: int
+    predict: Predictor
+    segment: Callable[[str, int], int | None]
+
+
+def executor_segment(default: int, host_of: tuple[int, ...], itemsize: int) -> Callable[[str, int], int | None]:
+    """``segment(algorithm, nbytes)``: the segment size the executor runs a forced ``algorithm`` with —
+    the installed cost model's choice where selection has one (``select.allreduce_choice`` with
+    ``select.installed()``), else ``default`` (the runtime's ``segment_bytes``)."""
+    from ringlet.tuning import select
+
+    choose, installed = getattr(select, "allreduce_choice", None), getattr(select, "installed", None)
+    model = installed() if installed is not None else None
+    if choose is None or model is None:
+        return lambda algorithm, nbytes: default
+
+    def segment(algorithm: str, nbytes: int) -> int | None:
+        choice = choose(algorithm, len(host_of), nbytes, tuple(host_of), select.Capabilities(), model, itemsize)
+        return choice.segment_bytes or default
+
+    return segment
+
+
+def add_predictions(rows: Iterable[Row], setup: PredictionSetup) -> int:
+    """Put the prediction of every predictable row into its ``extra`` (with ``pred_segment_bytes``, the
+    segment it assumed); return how many rows got one. A prediction that raises ``ValueError`` (an
+    algorithm the model does not know) leaves its row alone."""
     done = 0
     for row in rows:
         algo = algorithm_of(row)
         if algo is None:
             continue
+        segment = setup.segment(algo, row.size)
         try:
-            pred = predict(algo, row.size, topology, network, itemsize=itemsize, segment_bytes=segment_bytes)
+            pred = setup.predict(algo, row.size, setup.topology, setup.network, itemsize=setup.itemsize,
+                                 segment_bytes=segment)
         except ValueError:
             continue
         measured, column = _measured(row)
         us = float(pred.seconds) * 1e6
-        row.extra.update(predicted_us=us, pred_against=column,
+        row.extra.update(predicted_us=us, pred_against=column, pred_segment_bytes=segment,
                          pred_err=(us - measured) / measured if measured > 0 else math.nan)
         done += 1
     return done
