@@ -9,17 +9,15 @@ import pytest
 from ringlet.tuning.fit import LinkFit, Sample, fit_gamma, fit_link, nonnegative_lstsq
 
 SIZES = (4, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20)
-SEGMENT = 4 << 20
 
 
-def synthetic(alpha, beta, overhead, sharing, *, noise=0.0, seed=0, chains=(1, 4), sizes=SIZES, segment=SEGMENT):
+def synthetic(alpha, beta, overhead, sharing, *, noise=0.0, seed=0, chains=(1, 4), sizes=SIZES):
     rng = np.random.default_rng(seed)
     out = []
     for b in sizes:
-        k = max(1, math.ceil(b / segment))
         for steps in chains:
-            t = overhead + (steps + k - 1) * (alpha + sharing * b / k * beta)
-            out.append(Sample(b, steps, k, sharing, t * float(np.exp(rng.normal(0, noise)))))
+            t = overhead + steps * (alpha + sharing * b * beta)
+            out.append(Sample(b, steps, sharing, t * float(np.exp(rng.normal(0, noise)))))
     return out
 
 
@@ -54,7 +52,7 @@ def test_outliers_are_dropped(alpha, beta, overhead, sharing):
     samples = synthetic(alpha, beta, overhead, sharing, noise=0.02, seed=7)
     for i in (3, 10):  # a stalled timing at 16 KiB and one at 4 MiB: several times too slow
         s = samples[i]
-        samples[i] = Sample(s.nbytes, s.steps, s.segments, s.sharing, s.seconds * 4)
+        samples[i] = Sample(s.nbytes, s.steps, s.sharing, s.seconds * 4)
     fit = fit_link(samples)
     assert fit.dropped == 2 and fit.kept == len(samples) - 2
     assert fit.alpha == pytest.approx(alpha, rel=0.1)
@@ -76,7 +74,7 @@ def test_nonnegative_lstsq_pins_the_negative_coefficient():
 
 @pytest.mark.parametrize("samples,match", [
     (synthetic(1e-5, 1e-9, 0, 1)[:2], "at least 3"),
-    (synthetic(1e-5, 1e-9, 0, 1, chains=(2,), sizes=SIZES[:-1]), "two chain lengths"),
+    (synthetic(1e-5, 1e-9, 0, 1, chains=(2,)), "two chain lengths"),
     (synthetic(1e-5, 1e-9, 0, 1, sizes=(4096,), chains=(1, 2, 3)), "two message sizes"),
 ])
 def test_underdetermined_fits_are_refused(samples, match):
@@ -84,10 +82,10 @@ def test_underdetermined_fits_are_refused(samples, match):
         fit_link(samples)
 
 
-@pytest.mark.parametrize("kw", [dict(nbytes=-1), dict(steps=0), dict(segments=0), dict(sharing=0),
+@pytest.mark.parametrize("kw", [dict(nbytes=-1), dict(steps=0), dict(sharing=0),
                                 dict(seconds=0.0), dict(seconds=math.inf), dict(seconds=math.nan)])
 def test_bad_samples_are_refused(kw):
-    args = dict(nbytes=4, steps=1, segments=1, sharing=1, seconds=1e-3) | kw
+    args = dict(nbytes=4, steps=1, sharing=1, seconds=1e-3) | kw
     with pytest.raises(ValueError, match="bad sample"):
         Sample(**args)
 
@@ -118,3 +116,8 @@ def test_gamma_fit_refuses_bad_input(sizes, secs, match):
 def test_link_fit_as_dict():
     d = LinkFit(1e-5, 1e-9, 2e-6, 0.01, 10, 1).to_dict()
     assert d == {"alpha": 1e-5, "beta": 1e-9, "overhead": 2e-6, "residual": 0.01, "kept": 10, "dropped": 1}
+
+
+def test_gamma_without_growth_is_the_largest_sizes_time_per_byte():
+    g, c = fit_gamma([4096, 65536], [1e-4, 4e-5])  # noise: the larger addition was faster
+    assert g == pytest.approx(4e-5 / 65536) and c == 0.0

@@ -106,9 +106,9 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     layout = host_layout(host_of)
     expect = sorted(([INTER] if len(layout) > 1 else []) + ([INTRA] if max(layout) > 1 else []))
     assert first.info["measured"] == expect
-    assert first.network.gamma > 0
-    for cls in expect:
-        assert first.network[cls].alpha + first.network[cls].beta > 0
+    assert first.network.gamma > 0  # never 0: without growth with size it is time per byte
+    for cls in expect:  # what was measured is there (the values are timings: not asserted)
+        assert len(first.info["samples"][cls]["points"]) == 2 * len(TINY.sizes)
     if len(expect) == 1:  # the absent class copies the measured one
         assert first.network[INTRA] == first.network[INTER]
 
@@ -116,3 +116,23 @@ def test_calibration_gives_every_rank_the_same_profile(name):
 def test_calibration_refuses_a_layout_of_the_wrong_size():
     with pytest.raises(ValueError, match="host_of names 3 ranks"):
         run_world(2, lambda rank: calibrate(runtime(), TINY, host_of=(0, 0, 1)))
+
+
+@pytest.mark.parametrize("repeat", [1, 3])
+def test_chains_travel_as_whole_messages_whatever_the_segment(repeat):
+    from ringlet.tuning.probe import Prober
+    from ringlet.types import Options
+
+    count, steps = 16384, 2  # 64 KiB per transfer; the runtime's segment is 1 KiB
+
+    def body(rank):
+        rt = runtime()
+        prober = Prober(rt)
+        buf = torch.ones(3 * count)
+        sched = chain(((0, 1), (1, 0)), 2, count, steps)
+        before = rt.transport.wire.snapshot()
+        prober.time_chain(sched, buf, repeat)
+        return (rt.transport.wire.snapshot() - before).messages_sent
+
+    sent = run_world(2, body, options=Options(timeout=20, segment_bytes=1024))
+    assert sent == [1 + steps * repeat] * 2  # one barrier message, then one message per step

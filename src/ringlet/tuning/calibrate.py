@@ -11,16 +11,19 @@ Protocol (docs/tuning.md gives the reasons):
    in an algorithm's step, so a host's uplink carries its ranks' transfers together (``sharing``,
    counted with :meth:`Topology.links`, as the cost model counts it).
 2. The pattern is run as a *chain* of dependent steps (each rank forwards what it just received, as a
-   ring step does) through the executor and the transport's ``isend``/``irecv``, with the runtime's
-   segment size, so what is measured is what a collective's steps cost on this path: Python dispatch,
-   pipelining, transport and wire. Each size (``plan.sizes``, ascending) is timed at two chain lengths
-   (``plan.chains``), ``plan.reps`` times each after a barrier (small sizes several times back to back
-   per timing); a sample's time is the slowest rank's, and the median over repetitions is kept.
-3. **Fit.** :func:`~ringlet.tuning.fit.fit_link` on ``seconds = overhead + (steps + k − 1)·(α +
-   sharing·(b/k)·β)`` (``k`` segments): relative least squares, non-negative, one round of outlier
-   rejection. ``overhead`` (per executed operation, not per step) is reported in ``info``
-   (``op_overhead``), not in the :class:`Network`; so is ``check_overhead``, the time of the metadata
-   agreement a checked collective makes before its data moves (slowest rank, median).
+   ring step does) through the executor and the transport's ``isend``/``irecv``, so what is measured
+   is what a collective's steps cost on this path: Python dispatch, transport and wire. Every transfer
+   is one message (the chain runs with a segment as large as its messages): the constants are those
+   of one segment, and how segments pipeline is the cost model's part, not folded into α and β. Each
+   size (``plan.sizes``, ascending) is timed at two chain lengths (``plan.chains``, alternating),
+   ``plan.reps`` times each (three times as often up to 64 KiB), after a barrier (small sizes several
+   times back to back per timing); a sample's time is the slowest rank's, and the median over
+   repetitions is kept.
+3. **Fit.** :func:`~ringlet.tuning.fit.fit_link` on ``seconds = overhead + steps·(α + sharing·b·β)``:
+   relative least squares, non-negative, one round of outlier rejection. ``overhead`` (per executed
+   operation, not per step) is reported in ``info`` (``op_overhead``), not in the :class:`Network`; so
+   is ``check_overhead``, the time of the metadata agreement a checked collective makes before its
+   data moves (slowest rank, median).
 4. **γ.** Every rank times ``dst.add_(src)`` on float32 buffers of ``plan.gamma_sizes`` (cut to the
    segment size: the executor reduces one segment at a time) at the same time (the ranks of a host
    share its CPUs, as reductions in a collective do), the destination moving through 64 MiB so it
@@ -36,7 +39,6 @@ measured class (the cost model never uses it for this layout) and ``info["measur
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -103,14 +105,19 @@ def _repeat(nbytes: int) -> int:
     return max(1, min(8, (64 * KiB) // max(nbytes, 1)))
 
 
+def _reps(plan: CalibrationPlan, nbytes: int) -> int:
+    """Timings per chain length: three times the plan's up to 64 KiB, where they cost little and the
+    noise of a shared machine is largest relative to the time."""
+    return plan.reps * (3 if nbytes <= 64 * KiB else 1)
+
+
 class _ClassRun:
     """Measuring one link class: its pattern, samples and the agreed seconds spent so far."""
 
-    def __init__(self, prober: Prober, cls: str, host_of: Sequence[int], plan: CalibrationPlan, segment_bytes: int):
+    def __init__(self, prober: Prober, cls: str, host_of: Sequence[int], plan: CalibrationPlan):
         self.prober, self.cls, self.plan = prober, cls, plan
         self.pattern = shift_pattern(host_of, cls)
         self.sharing = sharing(self.pattern, Topology(tuple(host_of)))
-        self.segment_elems = max(1, segment_bytes // 4)
         self.samples: list[Sample] = []
         self.spent = 0.0
 
@@ -132,13 +139,12 @@ class _ClassRun:
         scheds = [chain(self.pattern, p, count, steps) for steps in plan.chains]
         for s in scheds:
             self.prober.time_chain(s, buf, 1)  # warm-up: plans compiled, transport buffers set up
-        mine = [self.prober.time_chain(s, buf, repeat) for _ in range(plan.reps) for s in scheds]
-        agreed = self.prober.gather(mine).max(axis=0).reshape(plan.reps, len(scheds))
-        segments = math.ceil(count / self.segment_elems)
+        reps = _reps(plan, count * 4)
+        mine = [self.prober.time_chain(s, buf, repeat) for _ in range(reps) for s in scheds]
+        agreed = self.prober.gather(mine).max(axis=0).reshape(reps, len(scheds))
         for j, steps in enumerate(plan.chains):
-            self.samples.append(Sample(count * 4, steps, segments, self.sharing,
-                                       max(float(np.median(agreed[:, j])), 1e-9)))
-        self.spent += float(agreed.sum()) * (repeat + 1 / plan.reps)
+            self.samples.append(Sample(count * 4, steps, self.sharing, max(float(np.median(agreed[:, j])), 1e-9)))
+        self.spent += float(agreed.sum()) * (repeat + 1 / reps)
 
 
 def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) -> tuple[float, float, list]:
@@ -175,13 +181,13 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     fits: dict[str, LinkFit] = {}
     samples: dict[str, list] = {}
     for cls in LINK_CLASSES:
-        run = _ClassRun(prober, cls, host_of, plan, rt.options.segment_bytes)
+        run = _ClassRun(prober, cls, host_of, plan)
         if not run.pattern:
             continue
         got = run.measure(plan.budget_s * _BUDGET_SHARE[cls])
         fits[cls] = fit_link(got)
         samples[cls] = {"sharing": run.sharing,
-                        "points": [[s.nbytes, s.steps, s.segments, s.seconds] for s in got]}
+                        "points": [[s.nbytes, s.steps, s.seconds] for s in got]}
     gamma, per_add, gamma_points = _measure_gamma(prober, plan, rt.options.segment_bytes)
     check = [prober.time_check(8) for _ in range(plan.reps)]
     check_s = float(np.median(prober.gather(check).max(axis=0)))

@@ -1,11 +1,11 @@
 """Fitting the network constants to timings: pure numbers, no communication.
 
 A link-class sample is one timed chain of steps (see :mod:`ringlet.tuning.calibrate`): ``steps``
-dependent steps in which every participating rank sends ``nbytes`` to its partner, each transfer cut
-into ``segments`` pipeline segments, with at most ``sharing`` transfers on one link. Under the timing
-model shared by the cost model and the simulator it takes
+dependent steps in which every participating rank sends ``nbytes`` to its partner as one message, with
+at most ``sharing`` transfers on one link. Under the timing model shared by the cost model and the
+simulator it takes
 
-    seconds = overhead + (steps + segments - 1) · (alpha + sharing · (nbytes / segments) · beta)
+    seconds = overhead + steps · (alpha + sharing · nbytes · beta)
 
 (``overhead``: what one executed operation costs beyond its steps). :func:`fit_link` finds
 ``alpha``, ``beta`` and ``overhead`` (all >= 0) minimising the *relative* squared error, so that a
@@ -26,25 +26,23 @@ _OUTLIER_FLOOR = 0.25   # ...and beyond this relative error: small noise never m
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One timed chain: ``seconds`` for ``steps`` steps of ``nbytes`` per transfer in ``segments``
-    segments with ``sharing`` transfers per link."""
+    """One timed chain: ``seconds`` for ``steps`` steps of one ``nbytes`` message per transfer, with
+    ``sharing`` transfers per link."""
 
     nbytes: int
     steps: int
-    segments: int
     sharing: int
     seconds: float
 
     def __post_init__(self) -> None:
-        if self.nbytes < 0 or self.steps < 1 or self.segments < 1 or self.sharing < 1:
-            raise ValueError(f"bad sample {self}: need nbytes >= 0 and steps, segments, sharing >= 1")
+        if self.nbytes < 0 or self.steps < 1 or self.sharing < 1:
+            raise ValueError(f"bad sample {self}: need nbytes >= 0 and steps, sharing >= 1")
         if not (self.seconds > 0 and math.isfinite(self.seconds)):
             raise ValueError(f"bad sample {self}: seconds must be finite and > 0")
 
     def row(self) -> tuple[float, float, float]:
         """Coefficients of (overhead, alpha, beta) in this sample's modelled time."""
-        n_eff = self.steps + self.segments - 1
-        return 1.0, float(n_eff), n_eff * self.sharing * self.nbytes / self.segments
+        return 1.0, float(self.steps), float(self.steps * self.sharing * self.nbytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +96,7 @@ def fit_link(samples: Sequence[Sample]) -> LinkFit:
     samples = list(samples)
     if len(samples) < 3:
         raise ValueError(f"fitting alpha, beta and the overhead needs at least 3 samples, got {len(samples)}")
-    if len({s.steps + s.segments for s in samples}) < 2 or len({s.nbytes for s in samples}) < 2:
+    if len({s.steps for s in samples}) < 2 or len({s.nbytes for s in samples}) < 2:
         raise ValueError("fitting needs samples at two chain lengths and two message sizes at least")
     a, y = _weighted(samples)
     x = nonnegative_lstsq(a, y)
@@ -107,7 +105,7 @@ def fit_link(samples: Sequence[Sample]) -> LinkFit:
     keep = np.abs(err) <= max(_OUTLIER_MADS * mad, _OUTLIER_FLOOR)
     if keep.sum() >= 3 and not keep.all():
         kept = [s for s, k in zip(samples, keep) if k]
-        if len({s.steps + s.segments for s in kept}) >= 2 and len({s.nbytes for s in kept}) >= 2:
+        if len({s.steps for s in kept}) >= 2 and len({s.nbytes for s in kept}) >= 2:
             a, y = _weighted(kept)
             x = nonnegative_lstsq(a, y)
             samples = kept
@@ -120,8 +118,10 @@ def fit_link(samples: Sequence[Sample]) -> LinkFit:
 
 def fit_gamma(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
     """``(gamma, per_call)``: seconds per byte and per call of an in-place addition, from the time of one
-    addition of each size (relative least squares, non-negative). ``ValueError`` without two distinct
-    positive sizes or with a time that is not finite and positive."""
+    addition of each size (relative least squares, non-negative). Timings too noisy to show any growth
+    with size (a slope of 0) give the largest size's time per byte and no per-call part (an upper
+    bound). ``ValueError`` without two distinct positive sizes or with a time that is not finite and
+    positive."""
     b = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if b.shape != t.shape or len(set(b[b > 0].tolist())) < 2:
@@ -130,4 +130,7 @@ def fit_gamma(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, f
         raise ValueError(f"addition timings must be finite and > 0, got {t.tolist()}")
     a = np.stack([np.ones_like(b), b], axis=1) / t[:, None]
     x = nonnegative_lstsq(a, np.ones_like(t))
+    if x[1] <= 0:
+        big = int(np.argmax(b))
+        return float(t[big] / b[big]), 0.0
     return float(x[1]), float(x[0])

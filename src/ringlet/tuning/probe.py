@@ -3,11 +3,12 @@ and timed runs of those schedules and of reductions on the live runtime.
 
 Every timing here goes through the engine's own path: a :class:`~ringlet.algorithms.schedule.Schedule`
 run by the executor (:meth:`ringlet.engine.channel.Channel.run`) over the transport's ``isend`` /
-``irecv``, with the runtime's segment size. Every member of the group must make the same calls in the
+``irecv``. Every member of the group must make the same calls in the
 same order (each takes the next op's tags), like any collective.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Sequence
@@ -85,11 +86,12 @@ class Prober:
 
     def time_chain(self, schedule: Schedule, buf: torch.Tensor, repeat: int) -> float:
         """Seconds per run of ``schedule`` on ``buf`` over ``repeat`` back-to-back runs after a barrier (this
-        rank's clock)."""
+        rank's clock). Every transfer travels as one message: the channel's segment is the whole buffer."""
         self.barrier()
+        whole = max(buf.numel() * buf.element_size(), 1)
         t0 = time.perf_counter()
         for _ in range(repeat):
-            self.rt.channel(self.group).run(schedule, (buf,))
+            dataclasses.replace(self.rt.channel(self.group), segment_bytes=whole).run(schedule, (buf,))
         return (time.perf_counter() - t0) / repeat
 
     def time_add(self, dsts: Sequence[torch.Tensor], src: torch.Tensor, repeat: int) -> float:
