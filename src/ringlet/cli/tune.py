@@ -18,6 +18,8 @@ import click
 from ..bench.job import inside_job, strip_launch_args
 from ..launch import LaunchError, run
 
+_NOISY = 0.25  # RMS relative residual beyond which the fit is reported as unreliable
+
 
 @click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-np", "--np", "np_", type=int, default=None,
@@ -56,6 +58,12 @@ def _tune_in_job(out: str, plan: str) -> int:
         info = prof.info
         print(f"per operation (not in the table): {info['op_overhead'] * 1e6:.2f} us executing a schedule, "
               f"{info['check_overhead'] * 1e6:.2f} us the metadata check")
+        for cls, fit in sorted(info["fit"].items()):
+            print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
+                  f"RMS relative residual {100 * fit['residual']:.0f}%")
+            if fit["residual"] > _NOISY:
+                print(f"# warning: the {cls} timings scatter {100 * fit['residual']:.0f}% around the fit (a busy "
+                      "machine or an unsteady link); calibrate again when it is quiet", flush=True)
         print(f"fingerprint {fp.key}  (ranks {fp.ranks}, layout {list(fp.layout)}, transport {fp.transport})")
         print(f"saved {path}", flush=True)
     ringlet.shutdown()
