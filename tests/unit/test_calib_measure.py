@@ -136,3 +136,12 @@ def test_chains_travel_as_whole_messages_whatever_the_segment(repeat):
 
     sent = run_world(2, body, options=Options(timeout=20, segment_bytes=1024))
     assert sent == [1 + steps * repeat] * 2  # one barrier message, then one message per step
+
+
+@pytest.mark.parametrize("budget,measured", [(1e-9, 3), (100.0, 5)])
+def test_the_budget_drops_the_largest_sizes_alike_on_every_rank(budget, measured):
+    plan = CalibrationPlan("budget", (4, 64, 1024, 16384, 65536), (1, 2), 1, (4096, 65536), budget)
+    # a rank deciding otherwise than the others would leave them waiting: the world would time out
+    profiles = run_world(3, lambda rank: calibrate(runtime(), plan, host_of=(0, 0, 1)))
+    for cls in (INTRA, INTER):
+        assert sorted({pt[0] for pt in profiles[0].info["samples"][cls]["points"]}) == list(plan.sizes[:measured])

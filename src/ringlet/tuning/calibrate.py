@@ -30,8 +30,9 @@ Protocol (docs/tuning.md gives the reasons):
    comes from memory as a large buffer's does; per-size medians are averaged over ranks and
    :func:`~ringlet.tuning.fit.fit_gamma` gives seconds per byte.
 5. **Agreement.** Timings travel between ranks (all-gather) after every size, so every decision (the
-   time budget drops sizes whose projected cost would exceed it) is taken on identical numbers; the
-   profile rank 0 builds is broadcast, so every rank holds the same bytes.
+   time budget drops the sizes from the first whose projected cost — its time per step extrapolated
+   from the two sizes before — would exceed it) is taken on identical numbers; the profile rank 0
+   builds is broadcast, so every rank holds the same bytes.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -124,17 +125,25 @@ class _ClassRun:
     def measure(self, budget: float) -> list[Sample]:
         p = self.prober.group.size
         buf = torch.ones(3 * (self.plan.sizes[-1] // 4), dtype=torch.float32)
-        last_cost = 0.0
+        per_step: list[tuple[int, float]] = []  # (bytes, agreed seconds per step) of each size measured
         for i, size in enumerate(self.plan.sizes):
-            if i >= _ALWAYS and self.spent + last_cost * size / self.plan.sizes[i - 1] > budget:
+            if i >= _ALWAYS and self.spent + self._projected(size, per_step) > budget:
                 break  # every rank decides on the same agreed numbers
             count = size // 4
-            before = self.spent
-            self._measure_size(p, count, buf[:3 * count])
-            last_cost = self.spent - before
+            per_step.append((size, self._measure_size(p, count, buf[:3 * count])))
         return self.samples
 
-    def _measure_size(self, p: int, count: int, buf: torch.Tensor) -> None:
+    def _projected(self, size: int, per_step: list[tuple[int, float]]) -> float:
+        """Seconds that measuring ``size`` would take: the time per step extrapolated linearly from the
+        last two sizes (never below the last), times the steps its timings run."""
+        (b1, t1), (b2, t2) = per_step[-2:]
+        tau = t2 + max(0.0, (t2 - t1) / (b2 - b1)) * (size - b2)
+        runs = _reps(self.plan, size) * _repeat(size) + 1
+        return runs * tau * sum(self.plan.chains)
+
+    def _measure_size(self, p: int, count: int, buf: torch.Tensor) -> float:
+        """Time ``count`` elements per transfer at both chain lengths; add the samples; return the agreed
+        seconds per step of the longer chain."""
         plan, repeat = self.plan, _repeat(count * 4)
         scheds = [chain(self.pattern, p, count, steps) for steps in plan.chains]
         for s in scheds:
@@ -142,9 +151,12 @@ class _ClassRun:
         reps = _reps(plan, count * 4)
         mine = [self.prober.time_chain(s, buf, repeat) for _ in range(reps) for s in scheds]
         agreed = self.prober.gather(mine).max(axis=0).reshape(reps, len(scheds))
-        for j, steps in enumerate(plan.chains):
-            self.samples.append(Sample(count * 4, steps, self.sharing, max(float(np.median(agreed[:, j])), 1e-9)))
+        medians = [max(float(np.median(agreed[:, j])), 1e-9) for j in range(len(scheds))]
+        for steps, t in zip(plan.chains, medians):
+            self.samples.append(Sample(count * 4, steps, self.sharing, t))
         self.spent += float(agreed.sum()) * (repeat + 1 / reps)
+        longest = int(np.argmax(plan.chains))
+        return medians[longest] / plan.chains[longest]
 
 
 def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) -> tuple[float, float, list]:
