@@ -103,6 +103,9 @@ def shutdown() -> None:
     if rt is not None:
         collectives._set_runtime(None)
         rt.close()
+        from .tuning import select
+
+        select.install(None)
     if _owns_torch_group:
         from .transport.torchdist import destroy_default_group
 

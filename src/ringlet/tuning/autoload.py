@@ -13,6 +13,9 @@
   (:func:`~ringlet.tuning.calibrate.calibrate`, plan ``quick``) runs and rank 0 saves its profile (to the
   explicit path when that file did not exist, else to the cache).
 
+With a profile, its network is installed as the process's cost model (:func:`ringlet.tuning.select.install`):
+``algorithm="auto"`` then picks algorithm and segment size from it; ``ringlet.shutdown`` uninstalls it.
+
 Rank 0 reads the file and broadcasts its bytes; every rank parses the same bytes, so every rank holds
 the same numbers or raises the same error. A collective: every rank calls it with the same options.
 """
@@ -23,6 +26,8 @@ import logging
 import os
 
 from .calibrate import calibrate
+from . import select
+from .model import Model
 from .network import Topology
 from .profile import Fingerprint, Profile, cache_path
 from .shared import broadcast_bytes
@@ -72,6 +77,7 @@ def attach(rt) -> Profile | None:
     """Find (or, with ``tune="auto"``, make) the profile of ``rt``'s job and set ``rt.profile`` and
     ``rt.network_model`` on every rank; return the profile. Errors: see the module docstring."""
     rt.profile, rt.network_model = None, None
+    select.install(None)
     mode = rt.options.tune
     if mode == "off":
         return None
@@ -88,6 +94,7 @@ def attach(rt) -> Profile | None:
             _save(prof, path)
     if prof is not None:
         rt.profile, rt.network_model = prof, (prof.network, Topology(tuple(rt.world.host_of)))
+        select.install(Model(prof.network))  # "auto" now follows the cost model on every rank
         if rt.rank == 0:
             log.info("ringlet: network model of %s from %s", fp.describe(), path)
     return prof
