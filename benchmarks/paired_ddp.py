@@ -26,6 +26,9 @@ rank without any communication (the compute floor: its CPU per thread is what th
 (``ringlet.torch.training.LocalSGD``, default ``K`` 4) over ringlet's DDP (the other options are the DDP's).
 ``diloco[:period=H,outer_lr=..,outer_momentum=..,compression=..]`` is
 ``ringlet.torch.training.DiLoCo`` on the plain model (defaults H 8, outer lr 0.7, momentum 0.5).
+``ringlet:priority[:partition=SIZE,overlap=false,NAME=VALUE,...]`` is ringlet's DDP with
+``priority=ringlet.torch.Priority(partition_bytes=SIZE)`` (default 4M) and, unless ``overlap=false``, the
+optimizer passed to ``overlap_optimizer`` (the averages overlap the next forward).
 ``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
@@ -33,7 +36,13 @@ what ringlet's DDP arms go through.
 ``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
 one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
 paused), so ``ringlet report`` gives that arm's hidden communication in the same run as its step-time
-ratio. The warm-up steps (and with them the step tuner's trials) are not in it.
+ratio. The warm-up steps (and with them the step tuner's trials) are not in it. Rank 0 then also prints
+the traced arm's share of communication that overlapped a forward
+(:func:`ringlet.torch.training.forward_overlap.forward_overlap`).
+
+``--model``: ``cnn`` (2.5 M parameters, 8 layers), ``mlp`` (25 M, 4 layers) or ``deep`` (a 24-layer MLP,
+3072 -> 23 x 512 -> 10, 7.3 M parameters: many small layers, where the next forward can start on the first
+layers while the last ones' gradients are on the wire).
 """
 from __future__ import annotations
 
@@ -69,12 +78,37 @@ def _value(text: str):
         return text  # a string option, e.g. sufficient_factors=auto
 
 
+def deep_mlp(layers: int = 24, width: int = 512) -> torch.nn.Module:
+    """3x32x32 -> 10 classes through ``layers`` fully connected layers (``width`` wide, ReLU between)."""
+    dims = [3 * 32 * 32] + [width] * (layers - 1) + [10]
+    mods: list[torch.nn.Module] = [torch.nn.Flatten()]
+    for i, (a, b) in enumerate(zip(dims, dims[1:])):
+        mods.append(torch.nn.Linear(a, b))
+        if i < layers - 1:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+MODELS = {"cnn": synthetic_benchmark.cnn, "mlp": synthetic_benchmark.mlp, "deep": deep_mlp}
+
+
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
+    if kind == "ringlet" and (opts == "priority" or opts.startswith(("priority:", "priority,"))):
+        return kind, _priority_options(opts[len("priority") + 1:])
     if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd", "diloco"):
         raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
                          "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
+
+
+def _priority_options(text: str) -> dict:
+    """The DDP options of a ``ringlet:priority[:...]`` arm: ``priority`` (a Priority), ``overlap`` and the rest."""
+    opts = {k: _value(v) for k, v in (o.split("=", 1) for o in text.split(",") if o)}
+    partition = opts.pop("partition", None)
+    overlap = opts.pop("overlap", True)
+    prio = ringlet.torch.Priority() if partition is None else ringlet.torch.Priority(partition_bytes=str(partition))
+    return {**opts, "priority": prio, "overlap": bool(overlap)}
 
 
 class _LocalStepper:
@@ -123,10 +157,20 @@ def _torch_hook(opts: dict):
     raise SystemExit(f"unknown hook {name!r}: fp16, bf16, powersgd or ringlet.FUNCTION")
 
 
+def _print_forward_overlap(path: str, arm: str) -> None:
+    from ringlet.torch.training.forward_overlap import forward_overlap
+
+    f = forward_overlap(path, rank=0, skip=1)
+    print(f"{arm} (timeline, rank 0, {f.steps} steps): communication {f.per_step(f.comm_us):.1f} ms/step, "
+          f"{100 * f.share_forward:.1f}% of it overlapped a forward, {100 * f.share_backward:.1f}% a backward, "
+          f"exposed {f.per_step(f.exposed_us):.1f} ms/step; forwards waited {f.per_step(f.wait_us):.1f} ms/step",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
-    parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
@@ -154,7 +198,7 @@ def main() -> None:
     for spec in args.arms:
         kind, opts = parse_arm(spec)
         torch.manual_seed(0)
-        model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
+        model = MODELS[args.model]()
         private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
         opts = {k: v for k, v in opts.items() if not k.startswith("_")}
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -182,7 +226,10 @@ def main() -> None:
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
             optimizer = _LocalStepper(optimizer, LocalSGD(wrapped, optimizer, period=period, warmup_steps=warmup))
         else:
+            overlap = opts.pop("overlap", False)
             wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
+            if overlap:
+                wrapped.overlap_optimizer(optimizer)
         if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
             private["_lend_gradients"] = False
         for k, v in private.items():
@@ -218,6 +265,10 @@ def main() -> None:
                 for _ in range(args.steps):
                     step(model, opt)
                 times[spec].append((time.perf_counter() - t0) / args.steps)
+                if hasattr(model, "synchronize"):
+                    # overlap_optimizer: the last step's averages land here, untimed, not in the next arm's
+                    # block (each timed step paid the tail of the step before it, as in training)
+                    model.synchronize()
             if traced:
                 timeline.mark_step()  # the block's last step ends here, not at the next traced block
             cpu[spec].append((time.process_time() - c0) / args.steps)
@@ -233,6 +284,8 @@ def main() -> None:
             continue
         if isinstance(opt, _LocalStepper):
             opt.finish()
+        if hasattr(model, "synchronize"):
+            model.synchronize()  # overlap_optimizer: the last update lands
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         ref = flat.clone()
         dist.broadcast(ref, 0)
@@ -268,6 +321,8 @@ def main() -> None:
             print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
                   flush=True)
     timeline.stop_timeline()
+    if args.timeline and rank == 0:
+        _print_forward_overlap(args.timeline.format(rank=rank), trace_arm)
     ringlet.torch.shutdown()
     ringlet.shutdown()
     dist.destroy_process_group()
