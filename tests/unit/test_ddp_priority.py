@@ -1,7 +1,7 @@
 """Priority scheduling in ringlet's DDP, in one process (ranks as threads): the Priority strategy's
 checks, the piece layout, the choice rule, the order pieces go out in, and the overlap of the next
 forward giving the synchronous DDP's parameters bit for bit. The same equivalences over real processes
-live in tests/multiproc/priority_worker.py."""
+live in tests/multiproc/priority_worker.py (test_priority_processes.py)."""
 from __future__ import annotations
 
 import threading
@@ -14,7 +14,7 @@ from prio_models import data, flat, make_model, make_optimizer, train
 
 from ringlet.torch.training import DistributedDataParallel, Priority
 from ringlet.torch.training.buckets import BucketSet
-from ringlet.torch.training.piece_round import choose_next
+from ringlet.torch.training.piece_round import choose_order
 from ringlet.torch.training.pieces import piece_layout, split_even
 from ringlet.torch.training.reduction import DenseReduction
 
@@ -75,17 +75,21 @@ def test_piece_layout_cuts_dense_buckets_into_ranges(sizes, partition):
     assert [q.index for q in layout.pieces] == list(range(len(layout.pieces)))
 
 
-@pytest.mark.parametrize("some, every, chosen, expected", [
-    ([1, 1, 1], [1, 1, 1], [0, 0, 0], 2),   # everything ready everywhere: the front piece
-    ([1, 1, 1], [1, 1, 0], [0, 0, 0], 1),   # the front one is not ready on every rank yet
-    ([1, 1, 1], [1, 1, 1], [0, 1, 1], 0),
-    ([0, 1, 1], [0, 0, 0], [0, 0, 0], 1),   # ready nowhere in full: the earliest ready somewhere
-    ([0, 0, 0], [0, 0, 0], [0, 0, 0], None),
-    ([1, 1, 1], [1, 1, 1], [1, 1, 1], None),
-    ([], [], [], None),
+@pytest.mark.parametrize("some, every, chosen, credit, expected", [
+    ([1, 1, 1], [1, 1, 1], [0, 0, 0], 99, [2, 1, 0]),  # everything ready everywhere: front pieces first
+    ([1, 1, 1], [1, 1, 1], [0, 0, 0], 25, [2, 1]),     # ... as many as the credit allows
+    ([1, 1, 1], [1, 1, 1], [0, 0, 0], 1, [2]),         # ... but at least one
+    ([1, 1, 1], [1, 1, 0], [0, 0, 0], 99, [1, 0]),     # the front one is not ready on every rank yet
+    ([1, 1, 1], [1, 1, 1], [0, 1, 1], 99, [0]),
+    ([0, 1, 1], [0, 0, 0], [0, 0, 0], 99, [1]),        # ready nowhere in full: the earliest ready somewhere
+    ([0, 1, 1], [0, 0, 0], [0, 1, 0], 99, [2]),
+    ([0, 0, 0], [0, 0, 0], [0, 0, 0], 99, []),
+    ([1, 1, 1], [1, 1, 1], [1, 1, 1], 99, []),
+    ([], [], [], 99, []),
 ])
-def test_choose_next(some, every, chosen, expected):
-    assert choose_next([bool(x) for x in some], [bool(x) for x in every], [bool(x) for x in chosen]) == expected
+def test_choose_order(some, every, chosen, credit, expected):
+    flags = [[bool(x) for x in v] for v in (some, every, chosen)]
+    assert choose_order(*flags, [10] * len(chosen), credit) == expected
 
 
 # ---- the order on the wire ---------------------------------------------------------------------------------

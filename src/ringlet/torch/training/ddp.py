@@ -40,6 +40,13 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   compressor's state per bucket); weights averaged from sufficient factors are not compressed again.
   The step tuner's candidates all keep the compression (``direct`` then picks the direct all-gather of
   the payloads). Compressed buckets run on ringlet's core queue also under the coordinator;
+* ``priority=ringlet.torch.Priority(partition_bytes=...)``: instead of first-in-first-out bucket launches,
+  dense buckets are cut into pieces and each free moment of the communication thread sends the
+  front-most piece ready on every rank, the order agreed in band (``piece_round.py`` says why it cannot
+  mismatch or deadlock); compressed and factored buckets are whole pieces. With
+  :meth:`DistributedDataParallel.overlap_optimizer` the averages overlap the next forward: ``backward()``
+  returns at once, each module's forward waits for its own parameters' averages and updates, and the
+  buffers of the next forward are broadcast as backward begins. Not under ``ringlet.torch``'s coordinator;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -58,7 +65,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
 Timeline (:mod:`ringlet.timeline`; ``RINGLET_TIMELINE`` is honoured from construction on):
 ``mark_step`` at the first forward of each step (micro-batches under ``no_sync`` belong to the step
 they accumulate into), ``FORWARD`` spans, a ``BACKWARD`` span from the first to the last gradient hook,
-``QUEUE`` (launch to start) and ``COMMUNICATE`` (the all-reduce) spans per bucket.
+``QUEUE`` (launch to start) and ``COMMUNICATE`` (the all-reduce) spans per bucket (per piece with
+``priority=``, whose agreements are ``NEGOTIATE`` spans on ``ddp.priority``; the forward's ``WAIT`` and
+``UPDATE`` spans show :meth:`~DistributedDataParallel.overlap_optimizer` landing averages and updates).
 
 With ``ringlet.torch`` initialised, the collectives go through its name-matched coordinator instead of
 ringlet's core queue (see :class:`Comm`); the coordinator then records the per-bucket phases.
@@ -78,7 +87,7 @@ from ringlet.tuning import StepTuner, TrialPlan
 from ringlet.types import ReduceOp
 
 from ..comm import Comm
-from .broadcast import broadcast_coalesced
+from .broadcast import Coalesced, broadcast_coalesced, start_coalesced
 from .buckets import ArrivalOrder, BucketSet, BucketSets, layout_buckets
 from .compressed_reduction import CompressedReduction
 from .factor_reduction import FactorLayers, FactorReduction
@@ -105,7 +114,8 @@ class DistributedDataParallel(torch.nn.Module):
     ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
     effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ``sufficient_factors``:
     ``"auto"``, ``True`` or ``False``, whether large fully connected layers are averaged from gathered
-    factors (see the module doc). ``compression``: how the dense buckets travel (see the module doc).
+    factors (see the module doc). ``compression``: how the dense buckets travel; ``priority``: a
+    :class:`~ringlet.torch.training.priority.Priority` to send front layers first (see the module doc).
     ringlet must be initialised first.
     """
 
@@ -150,6 +160,7 @@ class DistributedDataParallel(torch.nn.Module):
         algo = lambda: self._steps.algorithm  # noqa: E731 - the tuner's candidate of the step
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
         self._overlap: OptimizerOverlap | None = None
+        self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
         self._init_step_state()
         self._steps = StepTuner(self._trial_plan().candidates(), self._sum_across_ranks)
         if self._size > 1:
@@ -195,7 +206,10 @@ class DistributedDataParallel(torch.nn.Module):
             self._start_step()
         if self._sets.factors_on:
             self._factors.enable()  # capture from the DDP's forwards until the layer's reduction is launched
-        if self.options.broadcast_buffers and self._size > 1:
+        if self._early_buffers is not None:
+            self._early_buffers.finish()  # launched as the last backward began (overlap_optimizer)
+            self._early_buffers = None
+        elif self.options.broadcast_buffers and self._size > 1:
             broadcast_coalesced(self._comm, list(self.module.buffers()), f"{self._prefix}.buffers")
         tl = timeline.active()
         t0 = timeline.now_us() if tl is not None else 0.0
@@ -209,24 +223,14 @@ class DistributedDataParallel(torch.nn.Module):
         return out
 
     def overlap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Let the averages of a backward overlap the next forward; returns ``optimizer``, patched.
-
-        Needs ``priority=`` (front layers' pieces first). After a reduced backward, ``backward()`` returns
-        without waiting for the averages and ``optimizer.step()`` / ``zero_grad()`` are recorded; each
-        parameter's average, update and zeroing land in the forward pre-hook of the module registering it
-        (see :mod:`ringlet.torch.training.overlap`): each layer's forward waits only for its own pieces.
-        The math is the synchronous DDP's, step for step. Several optimizers with disjoint parameters
-        may be added. Call it before creating learning-rate schedulers on ``optimizer``.
-
-        Until the next forward, ``.grad`` and the parameters of pending layers hold old values: call
-        :meth:`synchronize` before reading them (gradient clipping or unscaling between ``backward`` and
-        ``step``, comparing or saving parameters; ``state_dict()`` of the module or the optimizer does it
-        itself). Parameters must be read inside the forward of a module registering them (else the forward
-        raises ``RuntimeError`` naming them). ``ValueError`` without ``priority=`` or with
-        ``find_unused_parameters=True`` (its usage map arrives after every piece, which would leave
-        nothing to overlap); ``TypeError``/``ValueError`` for an optimizer :class:`OptimizerOverlap.add`
-        refuses.
-        """
+        """Let a backward's averages overlap the next forward (needs ``priority=``); returns ``optimizer``
+        with ``step``/``zero_grad`` patched to be recorded and land per parameter in the forward pre-hook
+        of the module registering it (:mod:`~ringlet.torch.training.overlap`: the synchronous math, step
+        for step). Call it before creating schedulers on ``optimizer``; several optimizers with disjoint
+        parameters may be added. Until the next forward, pending ``.grad`` and parameters hold old values:
+        :meth:`synchronize` before reading them (clipping, unscaling, saving; ``state_dict()`` does it).
+        ``ValueError`` without ``priority=`` or with ``find_unused_parameters=True`` (its usage map comes
+        after every piece); errors of :meth:`OptimizerOverlap.add` for an optimizer it refuses."""
         if self.options.priority is None:
             raise ValueError("overlap_optimizer needs DistributedDataParallel(..., priority=ringlet.torch.Priority()): "
                              "first-in-first-out sends the front layers' gradients last, so the next forward "
@@ -396,6 +400,11 @@ class DistributedDataParallel(torch.nn.Module):
                 self._t_first = timeline.now_us()
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
                 self._steps.mark_reduced()  # only steps that reduce are timed
+                if self._overlap is not None and self.options.broadcast_buffers and self._size > 1:
+                    # Buffers do not change in backward: broadcast them now, ahead of the pieces, so that
+                    # the next forward does not queue behind every piece of this backward.
+                    self._early_buffers = start_coalesced(list(self.module.buffers()), f"{self._prefix}.buffers",
+                                                          self._comm.broadcast_)
                 for q in self._unused:
                     self._mark_ready(q, None)
             self._arrivals.record(self._pindex[id(p)])

@@ -39,6 +39,7 @@ class PriorityLaunch:
         self._algorithm = algorithm
         self._set: BucketSet | None = None
         self._layout: PieceLayout | None = None
+        self._recent: list[tuple[BucketSet, PieceLayout]] = []  # the last two sets' layouts (dense, factored)
         self._staging: dict = {}
         self._pending: list[int] = []
         self._marks: StepMarks | None = None
@@ -53,14 +54,17 @@ class PriorityLaunch:
 
     def start(self, bucket_set: BucketSet, marks: StepMarks) -> None:
         if bucket_set is not self._set:
-            self._set, self._layout = bucket_set, piece_layout(bucket_set, self.priority.partition_bytes)
+            known = [lay for s, lay in self._recent if s is bucket_set]
+            layout = known[0] if known else piece_layout(bucket_set, self.priority.partition_bytes)
+            self._recent = [(s, lay) for s, lay in self._recent if s is not bucket_set][-1:] + [(bucket_set, layout)]
+            self._set, self._layout = bucket_set, layout
         layout = self._layout
         self._pending = [len(q.slots) for q in layout.pieces]
         self._marks = marks
         self._landed = {b.index: [False] * len(b.params) for b in layout.buckets}
         self._finished = set()
         self.round = Round(layout, self._ctx.comm, self._algorithm(), _core.runtime().options.timeout,
-                           self._staging)
+                           self._staging, self.priority.partition_bytes)
 
     def accepted(self, b: Bucket, j: int) -> None:
         for i in self._layout.of_slot[b.index][j]:

@@ -12,19 +12,23 @@ rely on too). A slot does not know in advance which piece it sends: that is deci
   its complement. After the all-reduce piece ``k``'s first entry is positive exactly when some rank had
   it ready, and its second entry is zero exactly when every rank had it ready (a sum of zeros is exactly
   zero and a sum of non-negative numbers with one positive is positive, in every floating dtype).
-* From that vector every rank computes the piece of the next slot with :func:`choose_next`: the
-  highest-priority piece ready everywhere; else the lowest-numbered piece ready somewhere (the one the
-  slower ranks will produce first); else none.
-* A slot without a chosen piece (the first of a backward, one after a whole piece, one after a vector
-  that showed nothing ready) first runs an *agreement*: the control vector alone, all-reduced.
+* From that vector every rank computes the *queue* of the next slots with :func:`choose_order`: the
+  pieces ready everywhere, highest priority first, up to ``partition_bytes`` of gradient (the credit:
+  at least one piece); else the lowest-numbered piece ready somewhere (the one the slower ranks will
+  produce first); else nothing. Each dense piece sent replaces the queue by a fresh one (so a front
+  piece that became ready overtakes it); a whole piece (a compressed bucket, a weight averaged from
+  factors), which carries no vector, leaves the rest of the queue in place.
+* A slot that finds the queue empty (the first of a backward, one after a vector that showed nothing
+  ready) first runs an *agreement*: the control vector alone, all-reduced.
 
-Why ranks send the same piece in every slot: the choice is a function of the reduced vector (the same
-on every rank) and of the pieces already chosen (the same on every rank, by induction). Why no slot
-waits forever: slot ``j`` (counting from 1) is submitted when ``j`` pieces are ready on that rank and
-runs after ``j - 1`` were chosen, so at its agreement every rank has a ready piece not yet chosen and
-the vector is not empty; and a chosen piece was ready on some rank ``r`` while ``r`` had completed only
-the queue's jobs before the current slot — so ``r`` produced it waiting on nothing later in the queue,
-and every other rank, running the same program, produces it too without waiting on the slot it blocks.
+Why ranks send the same piece in every slot: the queue is a function of reduced vectors (the same on
+every rank) and of the pieces already chosen (the same on every rank, by induction). Why no slot waits
+forever: slot ``j`` (counting from 1) is submitted when ``j`` pieces are ready on that rank and runs
+after ``j - 1`` were chosen, so at its agreement every rank has a ready piece not yet chosen and the
+vector is not empty; and a queued piece was ready on some rank ``r`` while ``r`` had completed only the
+core queue's jobs before the slot that took the vector — so ``r`` produced it waiting on nothing later
+in the core queue, and every other rank, running the same program, produces it too without waiting on
+the slot that blocks for it.
 A rank whose piece is not ready yet waits for it on the communication thread, with ringlet's collective
 timeout. Every slot sends one piece not chosen before, so the ``n`` slots send every piece once.
 
@@ -44,39 +48,46 @@ if TYPE_CHECKING:
     from ..comm import Comm
     from .pieces import Piece, PieceLayout
 
-__all__ = ["Round", "choose_next", "TRACK"]
+__all__ = ["Round", "choose_order", "TRACK"]
 
 TRACK = "ddp.priority"  # timeline track of the agreements
 
 
-def choose_next(some: list[bool], every: list[bool], chosen: list[bool]) -> int | None:
-    """The piece the next slot sends: the highest-numbered piece not ``chosen`` that is ready on every
-    rank; else the lowest-numbered one not chosen that is ready on some rank; else None."""
+def choose_order(some: list[bool], every: list[bool], chosen: list[bool], nbytes: list[int],
+                 credit: int) -> list[int]:
+    """The pieces the next slots send, in order: those not ``chosen`` that are ready on every rank,
+    highest-numbered first, as many as fit in ``credit`` bytes (``nbytes`` per piece; at least one); if
+    there is none, the lowest-numbered one not chosen that is ready on some rank; else none."""
+    order, total = [], 0
     for k in reversed(range(len(chosen))):
         if every[k] and not chosen[k]:
-            return k
-    for k in range(len(chosen)):
-        if some[k] and not chosen[k]:
-            return k
-    return None
+            if order and total + nbytes[k] > credit:
+                break
+            order.append(k)
+            total += nbytes[k]
+    if order:
+        return order
+    return next(([k] for k in range(len(chosen)) if some[k] and not chosen[k]), [])
 
 
 class Round:
     """The pieces of one reduced backward in flight (see the module doc). ``algo``: the all-reduce
     algorithm of this step; ``staging``: the DDP's staging buffers by dtype (used on the comm thread
-    only, where rounds run one after the other)."""
+    only, where rounds run one after the other); ``credit``: the bytes of gradient a queue may hold."""
 
-    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, staging: dict):
+    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, staging: dict, credit: int):
         n = len(layout.pieces)
         self.layout = layout
         self.algo = algo
+        self._credit = credit
+        self._nbytes = [q.nbytes for q in layout.pieces]
         self._comm, self._timeout, self._staging = comm, timeout, staging
         self._cond = threading.Condition()
         self._ready = [False] * n            # this rank (shared: main thread writes)
         self._t_ready = [0.0] * n
         self._jobs: list[Callable[[], Any] | None] = [None] * n  # whole pieces: their staged send
         self._chosen = [False] * n           # agreed (comm thread)
-        self._next: int | None = None        # agreed (comm thread)
+        self._queue: list[int] = []          # agreed (comm thread)
         self._error: BaseException | None = None
         self.futures = [torch.futures.Future() for _ in range(n)]
         self.order: list[int] = []           # pieces in the order the slots chose them (for reports, tests)
@@ -100,7 +111,9 @@ class Round:
         if self._error is not None:
             return
         try:
-            i = self._next if self._next is not None else self._agree()
+            if not self._queue:
+                self._queue = self._agree()
+            i = self._queue.pop(0)
             self._chosen[i] = True
             self.order.append(i)
             self._await_ready(i)
@@ -119,13 +132,13 @@ class Round:
         out[:n].copy_(mine)
         out[n:].copy_(1 - mine)
 
-    def _decide(self, control: torch.Tensor) -> int | None:
+    def _decide(self, control: torch.Tensor) -> list[int]:
         n = len(self._chosen)
         some = (control[:n] > 0).tolist()
         every = (control[n:] == 0).tolist()
-        return choose_next(some, every, self._chosen)
+        return choose_order(some, every, self._chosen, self._nbytes, self._credit)
 
-    def _agree(self) -> int:
+    def _agree(self) -> list[int]:
         t0 = timeline.now_us()
         layout = self.layout
         control = torch.empty(2 * len(layout.pieces), dtype=torch.float32)
@@ -133,12 +146,12 @@ class Round:
         self._comm.allreduce_(control, ReduceOp.AVG, "ddp.priority.agree", check=None if not layout.checked
                               else False, algorithm="auto").wait()
         layout.checked = True
-        i = self._decide(control)
-        if i is None:  # impossible unless the ranks disagree on the layout or the slot count
+        order = self._decide(control)
+        if not order:  # impossible unless the ranks disagree on the layout or the slot count
             raise RuntimeError("DistributedDataParallel priority scheduling: no piece is ready on any rank at "
                                "an agreement (the ranks' bucket layouts or gradient hooks differ).")
-        timeline.span(TRACK, "NEGOTIATE", t0, timeline.now_us(), {"piece": i})
-        return i
+        timeline.span(TRACK, "NEGOTIATE", t0, timeline.now_us(), {"pieces": order})
+        return order
 
     def _await_ready(self, i: int) -> None:
         with self._cond:
@@ -154,13 +167,11 @@ class Round:
         b = q.bucket
         if q.whole:
             result = self._jobs[q.index]()
-            self._next = None
-            nbytes = b.buffer.numel() * b.buffer.element_size()
         else:
-            result, nbytes = None, q.nbytes
+            result = None
             self._send_dense(q)
         t1 = timeline.now_us()
-        args = {"piece": q.index, "bytes": nbytes, "params": len(q.slots)}
+        args = {"piece": q.index, "bytes": q.nbytes, "params": len(q.slots)}
         timeline.span(f"ddp.bucket{b.index}", "QUEUE", self._t_ready[q.index], t0)
         timeline.span(f"ddp.bucket{b.index}", "COMMUNICATE", t0, t1, args)
         return result
@@ -180,7 +191,7 @@ class Round:
                               algorithm=self.algo).wait()
         q.validated.add(self.algo)
         b.buffer[q.lo:q.hi].copy_(view[n2:])
-        self._next = self._decide(view[:n2])
+        self._queue = self._decide(view[:n2])
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc

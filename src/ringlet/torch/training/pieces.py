@@ -23,8 +23,8 @@ __all__ = ["Piece", "PieceLayout", "piece_layout", "split_even"]
 
 class Piece:
     """Elements ``[lo, hi)`` of ``bucket``'s flat buffer (``whole``: the bucket as its own reduction
-    sends it). ``slots``: the bucket's parameter indices that overlap the piece; ``validated``: the
-    algorithms this piece was sent with at least once (the first send checks its shape across ranks)."""
+    sends it). ``slots``: the bucket's parameter indices that overlap the piece; ``nbytes``: the bytes of
+    gradient it averages; ``validated``: the algorithms this piece was sent with at least once (the first send checks its shape across ranks)."""
 
     __slots__ = ("index", "bucket", "lo", "hi", "whole", "slots", "nbytes", "validated")
 
@@ -34,7 +34,8 @@ class Piece:
         self.lo, self.hi = lo, hi
         self.whole = whole
         self.slots = slots
-        self.nbytes = (hi - lo) * bucket.buffer.element_size() if not whole else 0
+        size = bucket.buffer.element_size()
+        self.nbytes = (hi - lo) * size if not whole else sum(p.numel() * p.element_size() for p in bucket.params)
         self.validated: set[str] = set()
 
 

@@ -23,9 +23,9 @@ class Priority:
     compressed bucket or a weight averaged from sufficient factors is one piece. Pieces are ranked by
     their place in the bucket layout: the layout follows the order in which backward produces gradients
     (the last layers first), so the piece produced last (the first layers') ranks highest. Whenever
-    the communication thread is free it sends the highest-ranked piece that is ready on every rank, so
-    a front piece that becomes ready waits behind at most the piece in flight and the one already
-    chosen after it.
+    the communication thread is free it sends the highest-ranked piece that was ready on every rank when
+    the last dense piece went out, so a front piece that becomes ready waits behind at most the dense
+    piece in flight and the one chosen after it (and behind whole pieces chosen before it was ready).
 
     ``partition_bytes``: a positive number of bytes, or a size such as ``"1M"`` / ``"512K"``.
     ``TypeError`` for another type (a bool included), ``ValueError`` for a size that is not positive.
