@@ -15,7 +15,7 @@ from prio_models import data, flat, make_model, make_optimizer, train
 from ringlet.torch.training import DistributedDataParallel, Priority
 from ringlet.torch.training.buckets import BucketSet
 from ringlet.torch.training.piece_round import choose_order
-from ringlet.torch.training.pieces import piece_layout, split_even
+from ringlet.torch.training.pieces import piece_layout, plan_bucket, spacing, split_even
 from ringlet.torch.training.reduction import DenseReduction
 
 SMALL = 200  # bytes: several pieces per bucket of the test model
@@ -53,26 +53,51 @@ def test_split_even_covers_the_range_in_near_equal_parts(n, k):
     assert max(b - a for a, b in parts) - min(b - a for a, b in parts) <= 1
 
 
-@pytest.mark.parametrize("sizes", [[0], [1], [0, 3, 0], [7, 11, 13], [100_003, 1, 5]])
-@pytest.mark.parametrize("partition", [1, 4, 28, 1 << 30])
-def test_piece_layout_cuts_dense_buckets_into_ranges(sizes, partition):
+def dense_set(sizes, partition):
     params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
-    bucket_set = BucketSet([params[:1], params[1:]] if len(params) > 1 else [params],
-                           lambda ps: DenseReduction(None))
+    layout = [params[:1], params[1:]] if len(params) > 1 else [params]
+    return BucketSet(layout, lambda ps: DenseReduction(None), lambda lay, reds: spacing(lay, reds, partition))
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [0, 3, 0], [7, 11, 13], [100_003, 1, 5], [2, 2, 2, 2, 2, 2, 2]])
+@pytest.mark.parametrize("partition", [1, 4, 28, 1 << 30])
+def test_piece_layout_packs_parameters_and_leaves_gaps_for_the_control_vector(sizes, partition):
+    bucket_set = dense_set(sizes, partition)
     layout = piece_layout(bucket_set, partition)
+    gap = 2 * len(layout.pieces)
     for b in bucket_set.buckets:
-        numel = b.buffer.numel()
         mine = [layout.pieces[i] for i in layout.of_bucket[b.index]]
-        if numel == 0:
-            assert mine == []
-            continue
-        assert len(mine) == min(numel, -(-numel * 4 // partition))
-        assert mine[0].lo == 0 and mine[-1].hi == numel and all(a.hi == c.lo for a, c in zip(mine, mine[1:]))
-        for j, p in enumerate(b.params):
-            lo, hi = b.offsets[j], b.offsets[j] + p.numel()
-            want = [q.index for q in mine if q.lo < hi and q.hi > lo]
-            assert layout.of_slot[b.index][j] == want
+        data = [(b.offsets[j], b.offsets[j] + p.numel()) for j, p in enumerate(b.params) if p.numel()]
+        covered = sorted((q.lo, q.hi) for q in mine)
+        assert sum(hi - lo for lo, hi in covered) == sum(hi - lo for lo, hi in data)  # every element once
+        for q in mine:
+            assert q.nbytes <= max(partition, 4)  # a piece holds at most partition bytes (one element at least)
+            for j, p in enumerate(b.params):   # each overlapping parameter lies in one piece or spans whole pieces
+                lo, hi = b.offsets[j], b.offsets[j] + p.numel()
+                assert (j in q.slots) == (lo < q.hi and hi > q.lo)
+            if q.carries:                       # its control vector sits in a gap no parameter uses
+                assert q.hi + gap <= b.buffer.numel()
+                assert all(hi <= q.hi or lo >= q.hi + gap for lo, hi in data)
+        assert [layout.of_slot[b.index][j] for j in range(len(b.params))] == [
+            [q.index for q in mine if j in q.slots] for j in range(len(b.params))]
     assert [q.index for q in layout.pieces] == list(range(len(layout.pieces)))
+
+
+@pytest.mark.parametrize("sizes, itemsize, partition, expected", [
+    ([3, 3, 3], 4, 24, [(0, 6, True), (6, 9, True)]),              # packed up to the partition
+    ([10], 4, 16, [(0, 3, False), (3, 6, False), (6, 10, True)]),    # a large parameter: pieces of its own
+    ([1, 10, 1], 4, 16, [(0, 1, True), (1, 4, False), (4, 7, False), (7, 11, True), (11, 12, True)]),
+    ([0, 0], 4, 16, []),
+    ([], 4, 16, []),
+])
+def test_plan_bucket(sizes, itemsize, partition, expected):
+    assert plan_bucket(sizes, itemsize, partition) == expected
+
+
+def test_a_bucket_set_built_without_the_gaps_is_refused():
+    params = [torch.nn.Parameter(torch.zeros(8))]
+    with pytest.raises(RuntimeError, match="not built for priority"):
+        piece_layout(BucketSet([params], lambda ps: DenseReduction(None)), 16)
 
 
 @pytest.mark.parametrize("some, every, chosen, credit, expected", [
@@ -122,7 +147,7 @@ def test_pieces_ready_together_go_out_front_first(p):
 
 
 # ---- the same parameters as the synchronous DDP --------------------------------------------------------------
-@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("p", [1, 2, 3])
 @pytest.mark.parametrize("opt", ["sgd", "adam", "adamw"])
 def test_overlap_gives_the_synchronous_parameters(p, opt):
     def fn(rank):
@@ -367,3 +392,82 @@ def test_priority_under_the_coordinator_is_refused():
         return True
 
     assert hvd_world(2, fn) == [True, True]
+
+
+def test_find_unused_parameters_with_priority_and_no_overlap():
+    def fn(rank):
+        def run(partition):
+            net = make_model()
+            extra = torch.nn.Linear(4, 4)  # never used: its gradient stays None on every rank
+            with torch.no_grad():
+                extra.weight.fill_(0.5)
+                extra.bias.fill_(0.25)
+            net.add_module("unused", extra)
+            ddp = DistributedDataParallel(net, bucket_cap_mb=0.002, tune=False, find_unused_parameters=True,
+                                          priority=None if partition is None else Priority(partition))
+            opt = make_optimizer("sgd", net.parameters())
+            for s in range(3):
+                opt.zero_grad()
+                x, y = data(rank, s)
+                F.mse_loss(ddp(x), y).backward()
+                opt.step()
+            return flat(net), extra.weight.grad is None
+        return run(None), run(SMALL)
+
+    for (fifo, none_a), (prio, none_b) in run_world(2, fn):
+        assert torch.equal(fifo, prio) and none_a and none_b
+
+
+# ---- the round's own errors (a stand-in for the communication) --------------------------------------------------
+class LoopbackComm:
+    """One rank's Comm: all-reduces leave the tensor as it is, ``forced`` (if set) overwrites the first
+    agreement's vector; jobs run at once on the calling thread."""
+
+    def __init__(self, forced=None):
+        self.forced = forced
+
+    def allreduce_(self, t, op, name, **kw):
+        if self.forced is not None and name.endswith("agree"):
+            t.copy_(self.forced)
+            self.forced = None
+        fut = torch.futures.Future()
+        fut.set_result(t)
+        return fut
+
+    def submit(self, fn, timed=False):
+        fn()
+
+
+def one_bucket_round(comm, timeout=5.0):
+    from ringlet.torch.training.piece_round import Round
+
+    bucket_set = dense_set([10, 30], 40)  # 160 bytes in pieces of at most 40: 4 pieces
+    layout = piece_layout(bucket_set, 40)
+    return Round(layout, comm, "auto", timeout, 40), layout
+
+
+def test_a_round_sends_its_pieces_front_first_when_all_are_ready():
+    rnd, layout = one_bucket_round(LoopbackComm())
+    rnd._ready = [True] * 4  # as if backward had filled everything before the first slot ran
+    for i in range(4):
+        rnd.mark_ready(i)
+    assert rnd.order == [3, 2, 1, 0] and all(f.done() for f in rnd.futures)
+
+
+def test_an_agreement_with_nothing_ready_is_an_error():
+    rnd, _ = one_bucket_round(LoopbackComm())
+    rnd._comm.submit(rnd._slot)  # a slot without a ready piece anywhere: the ranks disagree on something
+    with pytest.raises(RuntimeError, match="no piece is ready"):
+        rnd.wait(0)
+
+
+def test_a_piece_chosen_elsewhere_that_never_arrives_times_out():
+    from ringlet.types import CollectiveTimeout
+
+    forced = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=torch.float32)  # piece 3 ready on every other rank
+    rnd, _ = one_bucket_round(LoopbackComm(forced), timeout=0.05)
+    rnd.mark_ready(0)
+    with pytest.raises(CollectiveTimeout, match="piece 3"):
+        rnd.wait(3)
+    with pytest.raises(CollectiveTimeout):
+        rnd.wait(0)  # the round stopped: every waiter hears of it

@@ -155,10 +155,10 @@ class DistributedDataParallel(torch.nn.Module):
         # Layers whose weight may be reduced from factors; which ones are is decided with the bucket rebuild.
         self._factors = FactorLayers(module, set(self._pindex), self.options.sufficient_factors,
                                      self._size > 1 and not self._comm.coordinated)
-        self._sets = BucketSets(self._bucket_set(self._layout(self._params, {}), {}))
-        self._arrivals = ArrivalOrder()
         algo = lambda: self._steps.algorithm  # noqa: E731 - the tuner's candidate of the step
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
+        self._sets = BucketSets(self._bucket_set(self._layout(self._params, {}), {}))
+        self._arrivals = ArrivalOrder()
         self._overlap: OptimizerOverlap | None = None
         self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
         self._init_step_state()
@@ -238,7 +238,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self.options.find_unused_parameters:
             raise ValueError("overlap_optimizer is not supported with find_unused_parameters=True.")
         if self._overlap is None:
-            self._overlap = OptimizerOverlap(self.module, self._params, self._launch.deliver_params, self._names)
+            self._overlap = OptimizerOverlap(self.module, self._params, self._launch, self._names)
         self._overlap.add(optimizer)
         return optimizer
 
@@ -340,7 +340,7 @@ class DistributedDataParallel(torch.nn.Module):
             comp = self.options.compression
             return self._dense if comp is None else CompressedReduction(self._ctx, comp)
 
-        return BucketSet(layout, reduction_for)
+        return BucketSet(layout, reduction_for, self._launch.spacing)
 
     def _rebuild_buckets(self) -> None:
         """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.

@@ -26,7 +26,7 @@ class FifoLaunch:
     """First-in-first-out bucket launches (see the module doc); ``algorithm()``: the all-reduce algorithm
     of the step, read at each launch."""
 
-    overlaps_forward = False
+    spacing = None  # buckets hold their parameters one after the other
 
     def __init__(self, algorithm: Callable[[], str]):
         self._algorithm = algorithm

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ringlet import collectives as _core
 from ringlet import timeline
 
-from .pieces import PieceLayout, piece_layout
+from .pieces import PieceLayout, piece_layout, spacing
 from .piece_round import Round
 
 if TYPE_CHECKING:
@@ -40,12 +40,16 @@ class PriorityLaunch:
         self._set: BucketSet | None = None
         self._layout: PieceLayout | None = None
         self._recent: list[tuple[BucketSet, PieceLayout]] = []  # the last two sets' layouts (dense, factored)
-        self._staging: dict = {}
         self._pending: list[int] = []
         self._marks: StepMarks | None = None
         self._landed: dict[int, list[bool]] = {}  # bucket index -> per parameter: average delivered
         self._finished: set[int] = set()           # whole buckets whose reduction finished
         self.round: Round | None = None
+
+    def spacing(self, layout: list[list[torch.nn.Parameter]], reductions: list) -> list:
+        """Where parameters sit in the buckets' buffers: around the control vectors' gaps
+        (:func:`~ringlet.torch.training.pieces.spacing`; the ``spacing`` of a bucket set)."""
+        return spacing(layout, reductions, self.priority.partition_bytes)
 
     @property
     def layout(self) -> PieceLayout | None:
@@ -64,7 +68,7 @@ class PriorityLaunch:
         self._landed = {b.index: [False] * len(b.params) for b in layout.buckets}
         self._finished = set()
         self.round = Round(layout, self._ctx.comm, self._algorithm(), _core.runtime().options.timeout,
-                           self._staging, self.priority.partition_bytes)
+                           self.priority.partition_bytes)
 
     def accepted(self, b: Bucket, j: int) -> None:
         for i in self._layout.of_slot[b.index][j]:
@@ -127,6 +131,16 @@ class PriorityLaunch:
                 self.round.wait(i)
             b.reduction.deliver_slot(b, j, self._marks)
             landed[j] = True
+
+    def landable(self, params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+        """Those of ``params`` whose pieces are all sent already (delivering them would not wait)."""
+        of_slot, where, futures = self._layout.of_slot, self._set.where, self.round.futures
+        out = []
+        for p in params:
+            b, j, _ = where[id(p)]
+            if all(futures[i].done() for i in of_slot[b.index][j]):
+                out.append(p)
+        return out
 
     def record(self, tl: timeline.Timeline) -> None:
         pass  # the slots record their spans as they run

@@ -7,8 +7,9 @@ ready and submits one *slot* job to ringlet's core queue; so every rank submits 
 autograd executes the graph, which is the same on every rank: the assumption first-in-first-out launches
 rely on too). A slot does not know in advance which piece it sends: that is decided by agreed data.
 
-* Each dense piece travels with a *control vector* of ``2n`` numbers in front of it (a staging copy, one
-  all-reduce, op AVG): per piece, ``1`` if it is ready and not yet chosen on this rank, else ``0``, and
+* A dense piece that ends where a parameter ends travels with a *control vector* of ``2n`` numbers
+  right behind it, in a gap of the bucket's buffer (:mod:`~ringlet.torch.training.pieces`; one all-reduce,
+  op AVG, nothing copied): per piece, ``1`` if it is ready and not yet chosen on this rank, else ``0``, and
   its complement. After the all-reduce piece ``k``'s first entry is positive exactly when some rank had
   it ready, and its second entry is zero exactly when every rank had it ready (a sum of zeros is exactly
   zero and a sum of non-negative numbers with one positive is positive, in every floating dtype).
@@ -17,7 +18,7 @@ rely on too). A slot does not know in advance which piece it sends: that is deci
   at least one piece); else the lowest-numbered piece ready somewhere (the one the slower ranks will
   produce first); else nothing. Each dense piece sent replaces the queue by a fresh one (so a front
   piece that became ready overtakes it); a whole piece (a compressed bucket, a weight averaged from
-  factors), which carries no vector, leaves the rest of the queue in place.
+  factors) or a piece inside a parameter, which carry no vector, leave the rest of the queue in place.
 * A slot that finds the queue empty (the first of a backward, one after a vector that showed nothing
   ready) first runs an *agreement*: the control vector alone, all-reduced.
 
@@ -72,16 +73,15 @@ def choose_order(some: list[bool], every: list[bool], chosen: list[bool], nbytes
 
 class Round:
     """The pieces of one reduced backward in flight (see the module doc). ``algo``: the all-reduce
-    algorithm of this step; ``staging``: the DDP's staging buffers by dtype (used on the comm thread
-    only, where rounds run one after the other); ``credit``: the bytes of gradient a queue may hold."""
+    algorithm of this step; ``credit``: the bytes of gradient a queue may hold."""
 
-    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, staging: dict, credit: int):
+    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, credit: int):
         n = len(layout.pieces)
         self.layout = layout
         self.algo = algo
         self._credit = credit
         self._nbytes = [q.nbytes for q in layout.pieces]
-        self._comm, self._timeout, self._staging = comm, timeout, staging
+        self._comm, self._timeout = comm, timeout
         self._cond = threading.Condition()
         self._ready = [False] * n            # this rank (shared: main thread writes)
         self._t_ready = [0.0] * n
@@ -161,8 +161,8 @@ class Round:
                                         f"did not arrive on this rank within {self._timeout:.0f} s.")
 
     def _send(self, q: Piece) -> Any:
-        """Send piece ``q`` (a dense range with the control vector in front; a whole piece as its bucket's
-        reduction sends it) and decide the next slot's piece; returns a whole piece's result."""
+        """Send piece ``q`` (a dense range, with the control vector behind it if it carries one; a whole
+        piece as its bucket's reduction sends it); returns a whole piece's result."""
         t0 = timeline.now_us()
         b = q.bucket
         if q.whole:
@@ -177,21 +177,18 @@ class Round:
         return result
 
     def _send_dense(self, q: Piece) -> None:
-        b, n2 = q.bucket, 2 * len(self.layout.pieces)
-        numel = q.hi - q.lo
-        stage = self._staging.get(b.buffer.dtype)
-        if stage is None or stage.numel() < n2 + self.layout.max_numel:
-            stage = torch.empty(n2 + self.layout.max_numel, dtype=b.buffer.dtype, device=b.buffer.device)
-            self._staging[b.buffer.dtype] = stage
-        view = stage[:n2 + numel]
-        self._control(b.buffer.dtype, view[:n2])
-        view[n2:].copy_(b.buffer[q.lo:q.hi])
+        """All-reduce the piece (and its control vector); a fresh vector replaces the queue."""
+        b = q.bucket
+        n2 = 2 * len(self.layout.pieces) if q.carries else 0
+        view = b.buffer[q.lo:q.hi + n2]
+        if n2:
+            self._control(b.buffer.dtype, view[q.hi - q.lo:])
         check = None if self.algo not in q.validated else False
         self._comm.allreduce_(view, ReduceOp.AVG, f"ddp.bucket{b.index}.piece{q.index}", check=check,
                               algorithm=self.algo).wait()
         q.validated.add(self.algo)
-        b.buffer[q.lo:q.hi].copy_(view[n2:])
-        self._queue = self._decide(view[:n2])
+        if n2:
+            self._queue = self._decide(view[q.hi - q.lo:])
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
