@@ -448,9 +448,7 @@ def one_bucket_round(comm, timeout=5.0):
 
 def test_a_round_sends_its_pieces_front_first_when_all_are_ready():
     rnd, layout = one_bucket_round(LoopbackComm())
-    rnd._ready = [True] * 4  # as if backward had filled everything before the first slot ran
-    for i in range(4):
-        rnd.mark_ready(i)
+    rnd.mark_ready([(i, None) for i in range(4)])  # as if backward had filled everything at once
     assert rnd.order == [3, 2, 1, 0] and all(f.done() for f in rnd.futures)
 
 
@@ -466,7 +464,7 @@ def test_a_piece_chosen_elsewhere_that_never_arrives_times_out():
 
     forced = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=torch.float32)  # piece 3 ready on every other rank
     rnd, _ = one_bucket_round(LoopbackComm(forced), timeout=0.05)
-    rnd.mark_ready(0)
+    rnd.mark_ready([(0, None)])
     with pytest.raises(CollectiveTimeout, match="piece 3"):
         rnd.wait(3)
     with pytest.raises(CollectiveTimeout):

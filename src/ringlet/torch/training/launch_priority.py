@@ -71,11 +71,14 @@ class PriorityLaunch:
                            self.priority.partition_bytes)
 
     def accepted(self, b: Bucket, j: int) -> None:
+        ready = []
         for i in self._layout.of_slot[b.index][j]:
             self._pending[i] -= 1
             if self._pending[i] == 0:
                 q = self._layout.pieces[i]
-                self.round.mark_ready(i, self._stage(q.bucket) if q.whole else None)
+                ready.append((i, self._stage(q.bucket) if q.whole else None))
+        if ready:
+            self.round.mark_ready(ready)
 
     def _stage(self, b: Bucket) -> Callable[[], Any]:
         b.algo = self.round.algo

@@ -93,14 +93,18 @@ class Round:
         self.order: list[int] = []           # pieces in the order the slots chose them (for reports, tests)
 
     # ---- main thread ---------------------------------------------------------------------------------
-    def mark_ready(self, i: int, job: Callable[[], Any] | None = None) -> None:
-        """Piece ``i`` is ready on this rank (``job``: a whole piece's send); submits one slot."""
+    def mark_ready(self, ready: list[tuple[int, Callable[[], Any] | None]]) -> None:
+        """The pieces ``i`` of ``ready`` are ready on this rank, all at once (``job``: a whole piece's
+        send, else None); submits one slot per piece."""
+        now = timeline.now_us()
         with self._cond:
-            self._ready[i] = True
-            self._t_ready[i] = timeline.now_us()
-            self._jobs[i] = job
+            for i, job in ready:
+                self._ready[i] = True
+                self._t_ready[i] = now
+                self._jobs[i] = job
             self._cond.notify_all()
-        self._comm.submit(self._slot)
+        for _ in ready:
+            self._comm.submit(self._slot)
 
     def wait(self, i: int) -> Any:
         """Piece ``i``'s result once sent (None for a dense piece); raises the error that stopped the round."""
