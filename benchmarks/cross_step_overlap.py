@@ -14,7 +14,12 @@ gradients averaged in two buckets, like DDP: the fully connected layers' 8.4 MB,
   run while the fc tail is on the wire (cross-iteration overlap, as in ByteScheduler). The order of the
   pieces is fixed, so every rank runs the same collectives in the same order. The math is synchronous
   SGD either way (the script checks that the ranks' parameters agree), but parameters are stale between
-  ``step`` and the next forward, which is why ringlet's DDP does not do this.
+  ``step`` and the next forward.
+
+The feature this prototype measured is now ringlet's DDP with ``priority=ringlet.torch.Priority(...)`` and
+``ddp.overlap_optimizer(optimizer)`` (docs/ddp.md), paired against first-in-first-out by the
+``ringlet:priority`` arms of ``benchmarks/paired_ddp.py``; this script stays as the record of the
+hand-made measurement.
 
 Prints img/s per rank (mean over ranks), CPU per step and wall per step of rank 0.
 """

@@ -26,6 +26,9 @@ rank without any communication (the compute floor: its CPU per thread is what th
 (``ringlet.torch.training.LocalSGD``, default ``K`` 4) over ringlet's DDP (the other options are the DDP's).
 ``diloco[:period=H,outer_lr=..,outer_momentum=..,compression=..]`` is
 ``ringlet.torch.training.DiLoCo`` on the plain model (defaults H 8, outer lr 0.7, momentum 0.5).
+``ringlet:priority[:partition=SIZE,overlap=false,NAME=VALUE,...]`` is ringlet's DDP with
+``priority=ringlet.torch.Priority(partition_bytes=SIZE)`` (default 4M) and, unless ``overlap=false``, the
+optimizer passed to ``overlap_optimizer`` (the averages overlap the next forward).
 ``hvd[:NAME=VALUE,...]`` is the Horovod-style path: ``ringlet.torch.DistributedOptimizer`` around the same
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
@@ -33,7 +36,13 @@ what ringlet's DDP arms go through.
 ``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
 one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
 paused), so ``ringlet report`` gives that arm's hidden communication in the same run as its step-time
-ratio. The warm-up steps (and with them the step tuner's trials) are not in it.
+ratio. The warm-up steps (and with them the step tuner's trials) are not in it. Rank 0 then also prints
+the traced arm's share of communication that overlapped a forward
+(:func:`ringlet.torch.training.forward_overlap.forward_overlap`).
+
+``--model``: ``cnn`` (2.5 M parameters, 8 layers), ``mlp`` (25 M, 4 layers) or ``deep`` (a 24-layer MLP,
+3072 -> 23 x 512 -> 10, 7.3 M parameters: many small layers, where the next forward can start on the first
+layers while the last ones' gradients are on the wire).
 """
 from __future__ import annotations
 
@@ -69,12 +78,37 @@ def _value(text: str):
         return text  # a string option, e.g. sufficient_factors=auto
 
 
+def deep_mlp(layers: int = 24, width: int = 512) -> torch.nn.Module:
+    """3x32x32 -> 10 classes through ``layers`` fully connected layers (``width`` wide, ReLU between)."""
+    dims = [3 * 32 * 32] + [width] * (layers - 1) + [10]
+    mods: list[torch.nn.Module] = [torch.nn.Flatten()]
+    for i, (a, b) in enumerate(zip(dims, dims[1:])):
+        mods.append(torch.nn.Linear(a, b))
+        if i < layers - 1:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+MODELS = {"cnn": synthetic_benchmark.cnn, "mlp": synthetic_benchmark.mlp, "deep": deep_mlp}
+
+
 def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
+    if kind == "ringlet" and (opts == "priority" or opts.startswith(("priority:", "priority,"))):
+        return kind, _priority_options(opts[len("priority") + 1:])
     if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd", "diloco"):
         raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
                          "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
+
+
+def _priority_options(text: str) -> dict:
+    """The DDP options of a ``ringlet:priority[:...]`` arm: ``priority`` (a Priority), ``overlap`` and the rest."""
+    opts = {k: _value(v) for k, v in (o.split("=", 1) for o in text.split(",") if o)}
+    partition = opts.pop("partition", None)
+    overlap = opts.pop("overlap", True)
+    prio = ringlet.torch.Priority() if partition is None else ringlet.torch.Priority(partition_bytes=str(partition))
+    return {**opts, "priority": prio, "overlap": bool(overlap)}
 
 
 class _LocalStepper:
@@ -123,10 +157,20 @@ def _torch_hook(opts: dict):
     raise SystemExit(f"unknown hook {name!r}: fp16, bf16, powersgd or ringlet.FUNCTION")
 
 
-def main() -> None:
+def _print_forward_overlap(path: str, arm: str) -> None:
+    from ringlet.torch.training.forward_overlap import forward_overlap
+
+    f = forward_overlap(path, rank=0, skip=1)
+    print(f"{arm} (timeline, rank 0, {f.steps} steps): communication {f.per_step(f.comm_us):.1f} ms/step, "
+          f"{100 * f.share_forward:.1f}% of it overlapped a forward, {100 * f.share_backward:.1f}% a backward, "
+          f"exposed {f.per_step(f.exposed_us):.1f} ms/step; forwards waited {f.per_step(f.wait_us):.1f} ms/step",
+          flush=True)
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
-    parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
@@ -137,10 +181,150 @@ def main() -> None:
     args = parser.parse_args()
     if args.timeline and "{rank}" not in args.timeline:
         raise SystemExit("--timeline needs {rank} in the path (one file per rank)")
-    trace_arm = args.trace_arm or next((a for a in args.arms if a.startswith("ringlet")), "")
-    if args.timeline and trace_arm not in args.arms:
-        raise SystemExit(f"--trace-arm {trace_arm!r} is not one of the arms")
+    args.trace_arm = args.trace_arm or next((a for a in args.arms if a.startswith("ringlet")), "")
+    if args.timeline and args.trace_arm not in args.arms:
+        raise SystemExit(f"--trace-arm {args.trace_arm!r} is not one of the arms")
+    return args
 
+
+def build_arm(spec: str, model_name: str):
+    """``(spec, wrapped model, optimizer)`` of one arm, its model seeded like every other arm's."""
+    kind, opts = parse_arm(spec)
+    torch.manual_seed(0)
+    model = MODELS[model_name]()
+    private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
+    opts = {k: v for k, v in opts.items() if not k.startswith("_")}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
+        wrapped = model
+        if kind == "hvd":
+            optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                           **opts)
+    elif kind == "torch":
+        hook = _torch_hook(opts)
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
+        if hook is not None:
+            wrapped.register_comm_hook(*hook)
+    elif kind == "diloco":  # DiLoCo on the plain model: period, outer_lr, outer_momentum, compression
+        from ringlet.torch.training import DiLoCo
+
+        wrapped = model
+        outer = DiLoCo(model, optimizer, **{"period": 8, "outer_lr": 0.7, "outer_momentum": 0.5, **opts})
+        optimizer = _LocalStepper(optimizer, outer, outer.outer_step)
+    elif kind == "localsgd":  # post-local SGD over ringlet's DDP: period, warmup_steps; the rest to the DDP
+        from ringlet.torch.training import LocalSGD
+
+        period, warmup = int(opts.pop("period", 4)), int(opts.pop("warmup_steps", 0))
+        wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
+        optimizer = _LocalStepper(optimizer, LocalSGD(wrapped, optimizer, period=period, warmup_steps=warmup))
+    else:
+        overlap = opts.pop("overlap", False)
+        wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
+        if overlap:
+            wrapped.overlap_optimizer(optimizer)
+    if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
+        private["_lend_gradients"] = False
+    for k, v in private.items():
+        owner, attr = (wrapped._ctx, _RINGLET_KNOBS[k]) if k in _RINGLET_KNOBS else (wrapped, k)
+        if not hasattr(owner, attr):
+            raise SystemExit(f"arm {spec!r}: no attribute {k}")
+        setattr(owner, attr, v)
+    return spec, wrapped, optimizer
+
+
+class _Stats:
+    """Per arm: block step times and CPU per step (this process, all threads), page faults, CPU per thread."""
+
+    def __init__(self, arms):
+        self.times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
+        self.cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
+        self.faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
+        self.thread_ms: dict[str, dict[str, float]] = {spec: {} for spec, _, _ in arms}
+
+
+def _run_rounds(args, arms, step) -> _Stats:
+    """The rounds: one block per arm each, in an order rotating every round."""
+    stats = _Stats(arms)
+    for r in range(args.rounds):
+        k = r % len(arms)
+        for spec, model, opt in arms[k:] + arms[:k]:
+            traced = spec == args.trace_arm
+            with contextlib.nullcontext() if traced else timeline.paused():
+                step(model, opt)
+                th0, f0 = synthetic_benchmark._thread_cpu(), synthetic_benchmark._minor_faults()
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(args.steps):
+                    step(model, opt)
+                stats.times[spec].append((time.perf_counter() - t0) / args.steps)
+                if hasattr(model, "synchronize"):
+                    # overlap_optimizer: the last step's averages land here, untimed, not in the next arm's
+                    # block (each timed step paid the tail of the step before it, as in training)
+                    model.synchronize()
+            if traced:
+                timeline.mark_step()  # the block's last step ends here, not at the next traced block
+            stats.cpu[spec].append((time.process_time() - c0) / args.steps)
+            stats.faults[spec] += synthetic_benchmark._minor_faults() - f0
+            for tid, (name, user, system, _, _) in synthetic_benchmark._thread_cpu().items():
+                _, user0, system0, _, _ = th0.get(tid, (name, 0.0, 0.0, 0, 0))
+                key = f"{name}[{tid}]"
+                stats.thread_ms[spec][key] = stats.thread_ms[spec].get(key, 0.0) + user + system - user0 - system0
+    return stats
+
+
+def _check_agreement(arms, rank: int) -> None:
+    """Parameters of every arm must agree across ranks: the arms really trained data-parallel."""
+    for spec, model, opt in arms:
+        if spec == "local":
+            continue
+        if isinstance(opt, _LocalStepper):
+            opt.finish()
+        if hasattr(model, "synchronize"):
+            model.synchronize()  # overlap_optimizer: the last update lands
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        ref = flat.clone()
+        dist.broadcast(ref, 0)
+        if not torch.equal(flat, ref):
+            raise SystemExit(f"rank {rank}: arm {spec}: parameters differ from rank 0's")
+
+
+def _ringlet_details(model, size: int) -> str:
+    line = f", all-reduce algorithm {model.algorithm}, buckets replaced {model.fresh_buffers}"
+    if getattr(model, "_tuner", None) is not None and model._tuner.decision is not None:
+        d = model._tuner.decision
+        per_rank = {k: round(v / size * 1e3, 1) for k, v in d.times.items()}
+        line += (f", tuned choice {d.choice} (median step ms per candidate {per_rank}, "
+                 f"{model._tuner.trials_done} trials each)")
+    line += f", weights from factors {model.factored} (dense fallbacks {model.factor_fallbacks})"
+    layout = getattr(model._launch, "layout", None)
+    if layout is not None:
+        line += f", {len(layout.pieces)} pieces"
+    return line + f", buckets {model.bucket_layout}"
+
+
+def _print_report(args, arms, stats: _Stats, size: int) -> None:
+    base = args.arms[0]
+    print(f"model {args.model}, batch {args.batch_size} per rank, {size} ranks, {args.rounds} rounds of "
+          f"{args.steps} timed steps per arm")
+    for spec, model, _ in arms:
+        times, cpu = stats.times[spec], stats.cpu[spec]
+        line = (f"{spec}: step {statistics.median(times) * 1e3:.1f} ms median (CPU {statistics.median(cpu) * 1e3:.1f} "
+                f"ms, {stats.faults[spec] / (args.rounds * args.steps):.0f} page faults), "
+                f"{args.batch_size / statistics.median(times):.1f} img/s per rank")
+        if hasattr(model, "algorithm"):
+            line += _ringlet_details(model, size)
+        if spec != base:
+            ratios = [a / b for a, b in zip(times, stats.times[base])]
+            se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
+            line += (f"; step time vs {base}: mean {statistics.mean(ratios):.3f} +- {se:.3f} (s.e.), "
+                     f"median {statistics.median(ratios):.3f}; per round " + " ".join(f"{x:.3f}" for x in ratios))
+        print(line, flush=True)
+        busy = {k: v / (args.rounds * args.steps) for k, v in stats.thread_ms[spec].items() if v}
+        print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
+              flush=True)
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # env:// from ringlet run; ringlet then reuses this group
     ringlet.init()
@@ -149,48 +333,7 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
-
-    arms = []
-    for spec in args.arms:
-        kind, opts = parse_arm(spec)
-        torch.manual_seed(0)
-        model = synthetic_benchmark.cnn() if args.model == "cnn" else synthetic_benchmark.mlp()
-        private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
-        opts = {k: v for k, v in opts.items() if not k.startswith("_")}
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        if kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
-            wrapped = model
-            if kind == "hvd":
-                optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                               **opts)
-        elif kind == "torch":
-            hook = _torch_hook(opts)
-            wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
-            if hook is not None:
-                wrapped.register_comm_hook(*hook)
-        elif kind == "diloco":  # DiLoCo on the plain model: period, outer_lr, outer_momentum, compression
-            from ringlet.torch.training import DiLoCo
-
-            wrapped = model
-            outer = DiLoCo(model, optimizer, **{"period": 8, "outer_lr": 0.7, "outer_momentum": 0.5, **opts})
-            optimizer = _LocalStepper(optimizer, outer, outer.outer_step)
-            opts = {}
-        elif kind == "localsgd":  # post-local SGD over ringlet's DDP: period, warmup_steps; the rest to the DDP
-            from ringlet.torch.training import LocalSGD
-
-            period, warmup = int(opts.pop("period", 4)), int(opts.pop("warmup_steps", 0))
-            wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
-            optimizer = _LocalStepper(optimizer, LocalSGD(wrapped, optimizer, period=period, warmup_steps=warmup))
-        else:
-            wrapped = ringlet.torch.DistributedDataParallel(model, **opts)
-        if kind == "ringlet-copy":  # averages copied into .grad instead of lent (before 2026-11-23)
-            private["_lend_gradients"] = False
-        for k, v in private.items():
-            owner, attr = (wrapped._ctx, _RINGLET_KNOBS[k]) if k in _RINGLET_KNOBS else (wrapped, k)
-            if not hasattr(owner, attr):
-                raise SystemExit(f"arm {spec!r}: no attribute {k}")
-            setattr(owner, attr, v)
-        arms.append((spec, wrapped, optimizer))
+    arms = [build_arm(spec, args.model) for spec in args.arms]
 
     def step(model, opt) -> None:
         opt.zero_grad()
@@ -200,74 +343,15 @@ def main() -> None:
     for _, model, opt in arms:
         for _ in range(args.warmup):
             step(model, opt)
-
     if args.timeline:
         timeline.start_timeline(args.timeline)
-    times: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}
-    cpu: dict[str, list[float]] = {spec: [] for spec, _, _ in arms}  # this process, all threads
-    faults: dict[str, int] = {spec: 0 for spec, _, _ in arms}
-    thread_ms: dict[str, dict[str, float]] = {spec: {} for spec, _, _ in arms}  # per arm: thread -> CPU ms
-    for r in range(args.rounds):
-        k = r % len(arms)
-        for spec, model, opt in arms[k:] + arms[:k]:
-            traced = spec == trace_arm
-            with contextlib.nullcontext() if traced else timeline.paused():
-                step(model, opt)
-                th0, f0 = synthetic_benchmark._thread_cpu(), synthetic_benchmark._minor_faults()
-                t0, c0 = time.perf_counter(), time.process_time()
-                for _ in range(args.steps):
-                    step(model, opt)
-                times[spec].append((time.perf_counter() - t0) / args.steps)
-            if traced:
-                timeline.mark_step()  # the block's last step ends here, not at the next traced block
-            cpu[spec].append((time.process_time() - c0) / args.steps)
-            faults[spec] += synthetic_benchmark._minor_faults() - f0
-            for tid, (name, user, system, _, _) in synthetic_benchmark._thread_cpu().items():
-                _, user0, system0, _, _ = th0.get(tid, (name, 0.0, 0.0, 0, 0))
-                key = f"{name}[{tid}]"
-                thread_ms[spec][key] = thread_ms[spec].get(key, 0.0) + user + system - user0 - system0
-
-    # Parameters of every arm must agree across ranks: the arms really trained data-parallel.
-    for spec, model, opt in arms:
-        if spec == "local":
-            continue
-        if isinstance(opt, _LocalStepper):
-            opt.finish()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        ref = flat.clone()
-        dist.broadcast(ref, 0)
-        if not torch.equal(flat, ref):
-            raise SystemExit(f"rank {rank}: arm {spec}: parameters differ from rank 0's")
-
+    stats = _run_rounds(args, arms, step)
+    _check_agreement(arms, rank)
     if rank == 0:
-        base = args.arms[0]
-        print(f"model {args.model}, batch {args.batch_size} per rank, {size} ranks, {args.rounds} rounds of "
-              f"{args.steps} timed steps per arm")
-        for spec, model, _ in arms:
-            ms = [t * 1e3 for t in times[spec]]
-            line = (f"{spec}: step {statistics.median(ms):.1f} ms median (CPU {statistics.median(cpu[spec]) * 1e3:.1f} ms, "
-                    f"{faults[spec] / (args.rounds * args.steps):.0f} page faults), "
-                    f"{args.batch_size / statistics.median(times[spec]):.1f} img/s per rank")
-            if hasattr(model, "algorithm"):
-                line += f", all-reduce algorithm {model.algorithm}, buckets replaced {model.fresh_buffers}"
-                if getattr(model, "_tuner", None) is not None and model._tuner.decision is not None:
-                    d = model._tuner.decision
-                    per_rank = {k: round(v / size * 1e3, 1) for k, v in d.times.items()}
-                    line += (f", tuned choice {d.choice} (median step ms per candidate {per_rank}, "
-                             f"{model._tuner.trials_done} trials each)")
-                line += f", weights from factors {model.factored} (dense fallbacks {model.factor_fallbacks})"
-                line += f", buckets {model.bucket_layout}"
-            if spec != base:
-                ratios = [a / b for a, b in zip(times[spec], times[base])]
-                se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
-                line += (f"; step time vs {base}: mean {statistics.mean(ratios):.3f} +- {se:.3f} (s.e.), "
-                         f"median {statistics.median(ratios):.3f}; per round "
-                         + " ".join(f"{x:.3f}" for x in ratios))
-            print(line, flush=True)
-            busy = {k: v / (args.rounds * args.steps) for k, v in thread_ms[spec].items() if v}
-            print("    CPU per step by thread: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(busy.items())),
-                  flush=True)
+        _print_report(args, arms, stats, size)
     timeline.stop_timeline()
+    if args.timeline and rank == 0:
+        _print_forward_overlap(args.timeline.format(rank=rank), args.trace_arm)
     ringlet.torch.shutdown()
     ringlet.shutdown()
     dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """ringlet's own training layer: :class:`DistributedDataParallel` (buckets, one reduction strategy per
-bucket, overlap with backward), sufficient factors of fully connected layers, the comm hooks for
+bucket, overlap with backward; :class:`Priority`: front layers' gradients first, overlapping the next
+forward), sufficient factors of fully connected layers, the comm hooks for
 stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
 overflow decision agreed by the group, :class:`MasterWeights`), and synchronising less often
 (:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas).
@@ -12,5 +13,6 @@ from .ddp import DistributedDataParallel
 from .diloco import DiLoCo
 from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
+from .priority import Priority
 
-__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo"]
+__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority"]

@@ -33,13 +33,15 @@ __all__ = ["Bucket", "BucketSet", "BucketSets", "ArrivalOrder", "assign_buckets"
 
 class Bucket:
     """Parameters reduced together by one strategy (``reduction``). ``buffer``: the flat gradients for a
-    dense bucket (``slot(j)`` is parameter ``j``'s part), empty for a factored one; ``start``: the flat
-    index of the first parameter in its :class:`BucketSet`."""
+    dense bucket (``slot(j)`` is parameter ``j``'s part, at ``offsets[j]``: one after the other unless
+    ``offsets`` and ``numel`` are given, as priority scheduling does to leave room between its pieces),
+    empty for a factored one; ``start``: the flat index of the first parameter in its :class:`BucketSet`."""
 
     __slots__ = ("index", "params", "offsets", "start", "reduction", "buffer", "pending", "work", "t_launch",
                  "validated", "algo", "lent")
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], reduction: Reduction, start: int):
+    def __init__(self, index: int, params: list[torch.nn.Parameter], reduction: Reduction, start: int,
+                 offsets: list[int] | None = None, numel: int | None = None):
         self.index = index
         self.params = params
         self.start = start
@@ -48,6 +50,8 @@ class Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.numel()
+        if offsets is not None:
+            self.offsets, n = list(offsets), numel
         self.reduction = reduction
         self.buffer = reduction.new_buffer(params, n)
         self.pending = len(params)
@@ -113,16 +117,20 @@ def layout_buckets(params: list[torch.nn.Parameter], factored: Collection[int], 
 
 class BucketSet:
     """The buckets of one layout, in launch order, each with the strategy ``reduction_for`` gives its
-    parameters; ``where``: id(param) -> (bucket, slot, flat index); ``params``: in flat-index order."""
+    parameters; ``where``: id(param) -> (bucket, slot, flat index); ``params``: in flat-index order.
+    ``spacing(layout, reductions)``: per bucket, ``(offsets, numel)`` of its buffer or None for the
+    parameters one after the other (default: None for every bucket)."""
 
     __slots__ = ("buckets", "where", "params")
 
     def __init__(self, layout: list[list[torch.nn.Parameter]],
-                 reduction_for: Callable[[list[torch.nn.Parameter]], Reduction]):
+                 reduction_for: Callable[[list[torch.nn.Parameter]], Reduction], spacing: Callable | None = None):
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[Bucket, int, int]] = {}
-        for k, ps in enumerate(layout):
-            b = Bucket(k, ps, reduction_for(ps), len(self.where))
+        reductions = [reduction_for(ps) for ps in layout]
+        spaces = spacing(layout, reductions) if spacing is not None else [None] * len(layout)
+        for k, (ps, red, space) in enumerate(zip(layout, reductions, spaces)):
+            b = Bucket(k, ps, red, len(self.where), *(space or ()))
             self.buckets.append(b)
             for j, p in enumerate(ps):
                 self.where[id(p)] = (b, j, len(self.where))

@@ -40,6 +40,13 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   compressor's state per bucket); weights averaged from sufficient factors are not compressed again.
   The step tuner's candidates all keep the compression (``direct`` then picks the direct all-gather of
   the payloads). Compressed buckets run on ringlet's core queue also under the coordinator;
+* ``priority=ringlet.torch.Priority(partition_bytes=...)``: instead of first-in-first-out bucket launches,
+  dense buckets are cut into pieces and each free moment of the communication thread sends the
+  front-most piece ready on every rank, the order agreed in band (``piece_round.py`` says why it cannot
+  mismatch or deadlock); compressed and factored buckets are whole pieces. With
+  :meth:`DistributedDataParallel.overlap_optimizer` the averages overlap the next forward: ``backward()``
+  returns at once, each module's forward waits for its own parameters' averages and updates, and the
+  buffers of the next forward are broadcast as backward begins. Not under ``ringlet.torch``'s coordinator;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -58,7 +65,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
 Timeline (:mod:`ringlet.timeline`; ``RINGLET_TIMELINE`` is honoured from construction on):
 ``mark_step`` at the first forward of each step (micro-batches under ``no_sync`` belong to the step
 they accumulate into), ``FORWARD`` spans, a ``BACKWARD`` span from the first to the last gradient hook,
-``QUEUE`` (launch to start) and ``COMMUNICATE`` (the all-reduce) spans per bucket.
+``QUEUE`` (launch to start) and ``COMMUNICATE`` (the all-reduce) spans per bucket (per piece with
+``priority=``, whose agreements are ``NEGOTIATE`` spans on ``ddp.priority``; the forward's ``WAIT`` and
+``UPDATE`` spans show :meth:`~DistributedDataParallel.overlap_optimizer` landing averages and updates).
 
 With ``ringlet.torch`` initialised, the collectives go through its name-matched coordinator instead of
 ringlet's core queue (see :class:`Comm`); the coordinator then records the per-bucket phases.
@@ -78,12 +87,15 @@ from ringlet.tuning import StepTuner, TrialPlan
 from ringlet.types import ReduceOp
 
 from ..comm import Comm
-from .broadcast import broadcast_coalesced
+from .broadcast import Coalesced, broadcast_coalesced, start_coalesced
 from .buckets import ArrivalOrder, BucketSet, BucketSets, layout_buckets
 from .compressed_reduction import CompressedReduction
 from .factor_reduction import FactorLayers, FactorReduction
 from .graph import params_reached
+from .launch_fifo import FifoLaunch
+from .launch_priority import PriorityLaunch
 from .options import DDPOptions
+from .overlap import OptimizerOverlap
 from .reduction import DenseReduction, ReductionContext, StepMarks
 
 log = logging.getLogger(__name__)
@@ -102,7 +114,8 @@ class DistributedDataParallel(torch.nn.Module):
     ``output_device``, ``dim`` and ``static_graph`` are accepted for drop-in compatibility and have no
     effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ``sufficient_factors``:
     ``"auto"``, ``True`` or ``False``, whether large fully connected layers are averaged from gathered
-    factors (see the module doc). ``compression``: how the dense buckets travel (see the module doc).
+    factors (see the module doc). ``compression``: how the dense buckets travel; ``priority``: a
+    :class:`~ringlet.torch.training.priority.Priority` to send front layers first (see the module doc).
     ringlet must be initialised first.
     """
 
@@ -113,12 +126,12 @@ class DistributedDataParallel(torch.nn.Module):
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
                  algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = "auto",
-                 compression=None):
+                 compression=None, priority=None):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
                                "wrapping a module in DistributedDataParallel.")
-        self.options = DDPOptions.parse(bucket_cap_mb, first_bucket_cap_mb, sufficient_factors, compression,
+        self.options = DDPOptions.parse(bucket_cap_mb, first_bucket_cap_mb, sufficient_factors, compression, priority,
                                         find_unused_parameters=find_unused_parameters,
                                         broadcast_buffers=broadcast_buffers, algorithm=algorithm, tune=tune,
                                         gradient_as_bucket_view=gradient_as_bucket_view)
@@ -127,6 +140,9 @@ class DistributedDataParallel(torch.nn.Module):
         timeline.configure_from_env(_core.runtime().rank)
         self._comm = Comm(group if group is not None else process_group, algorithm)
         self._size = self._comm.size
+        if priority is not None and self._comm.coordinated:
+            raise ValueError("DistributedDataParallel: priority= needs ringlet's core queue; it is not supported "
+                             "with ringlet.torch initialised (the Horovod coordinator orders the collectives).")
         DistributedDataParallel._instances += 1
         # Names for coordinated mode: identical on every rank as long as ranks wrap modules in the same order.
         self._prefix = f"ringlet.ddp{DistributedDataParallel._instances}"
@@ -139,8 +155,12 @@ class DistributedDataParallel(torch.nn.Module):
         # Layers whose weight may be reduced from factors; which ones are is decided with the bucket rebuild.
         self._factors = FactorLayers(module, set(self._pindex), self.options.sufficient_factors,
                                      self._size > 1 and not self._comm.coordinated)
+        algo = lambda: self._steps.algorithm  # noqa: E731 - the tuner's candidate of the step
+        self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
         self._sets = BucketSets(self._bucket_set(self._layout(self._params, {}), {}))
         self._arrivals = ArrivalOrder()
+        self._overlap: OptimizerOverlap | None = None
+        self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
         self._init_step_state()
         self._steps = StepTuner(self._trial_plan().candidates(), self._sum_across_ranks)
         if self._size > 1:
@@ -153,7 +173,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._armed = False          # the current forward's backward must reduce
         self._in_backward = False    # a hook of this backward fired; finalisation is queued
         self._marks = StepMarks([], [], [])
-        self._next_launch = 0
         self._unused: list[torch.nn.Parameter] = []
         self._usage: torch.Tensor | None = None
         self._usage_work = None
@@ -187,16 +206,48 @@ class DistributedDataParallel(torch.nn.Module):
             self._start_step()
         if self._sets.factors_on:
             self._factors.enable()  # capture from the DDP's forwards until the layer's reduction is launched
-        if self.options.broadcast_buffers and self._size > 1:
+        if self._early_buffers is not None:
+            self._early_buffers.finish()  # launched as the last backward began (overlap_optimizer)
+            self._early_buffers = None
+        elif self.options.broadcast_buffers and self._size > 1:
             broadcast_coalesced(self._comm, list(self.module.buffers()), f"{self._prefix}.buffers")
         tl = timeline.active()
         t0 = timeline.now_us() if tl is not None else 0.0
-        out = self.module(*inputs, **kwargs)
+        out = self.module(*inputs, **kwargs)  # with overlap_optimizer, modules' pre-hooks land their updates
         if tl is not None:
             tl.span("forward", "FORWARD", t0, timeline.now_us())
+        if self._overlap is not None:
+            self._overlap.finish_forward(out)
         if grad:
             self._prepare(out if self.require_backward_grad_sync else None)
         return out
+
+    def overlap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Let a backward's averages overlap the next forward (needs ``priority=``); returns ``optimizer``
+        with ``step``/``zero_grad`` patched to be recorded and land per parameter in the forward pre-hook
+        of the module registering it (:mod:`~ringlet.torch.training.overlap`: the synchronous math, step
+        for step). Call it before creating schedulers on ``optimizer``; several optimizers with disjoint
+        parameters may be added. Until the next forward, pending ``.grad`` and parameters hold old values:
+        :meth:`synchronize` before reading them (clipping, unscaling, saving; ``state_dict()`` does it).
+        ``ValueError`` without ``priority=`` or with ``find_unused_parameters=True`` (its usage map comes
+        after every piece); errors of :meth:`OptimizerOverlap.add` for an optimizer it refuses."""
+        if self.options.priority is None:
+            raise ValueError("overlap_optimizer needs DistributedDataParallel(..., priority=ringlet.torch.Priority()): "
+                             "first-in-first-out sends the front layers' gradients last, so the next forward "
+                             "would wait for all of them.")
+        if self.options.find_unused_parameters:
+            raise ValueError("overlap_optimizer is not supported with find_unused_parameters=True.")
+        if self._overlap is None:
+            self._overlap = OptimizerOverlap(self.module, self._params, self._launch, self._names)
+        self._overlap.add(optimizer)
+        return optimizer
+
+    def synchronize(self) -> None:
+        """Land every average, optimizer update and zeroing still in flight (:meth:`overlap_optimizer`);
+        call it before reading parameters or gradients outside a forward, e.g. at the end of training.
+        Does nothing otherwise."""
+        if self._overlap is not None:
+            self._overlap.flush()
 
     @property
     def algorithm(self) -> str:
@@ -289,7 +340,7 @@ class DistributedDataParallel(torch.nn.Module):
             comp = self.options.compression
             return self._dense if comp is None else CompressedReduction(self._ctx, comp)
 
-        return BucketSet(layout, reduction_for)
+        return BucketSet(layout, reduction_for, self._launch.spacing)
 
     def _rebuild_buckets(self) -> None:
         """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
@@ -335,7 +386,7 @@ class DistributedDataParallel(torch.nn.Module):
             for b in self._buckets:
                 b.reduction.prepare(b)
                 b.pending, b.work = len(b.params), None
-            self._next_launch = 0
+            self._launch.start(self._sets.active, self._marks)
             if self.options.find_unused_parameters:
                 reached = params_reached(out)
                 self._unused = [p for p in self._params if id(p) not in reached]
@@ -348,6 +399,12 @@ class DistributedDataParallel(torch.nn.Module):
                 self._in_backward = True
                 self._t_first = timeline.now_us()
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+                self._steps.mark_reduced()  # only steps that reduce are timed
+                if self._overlap is not None and self.options.broadcast_buffers and self._size > 1:
+                    # Buffers do not change in backward: broadcast them now, ahead of the pieces, so that
+                    # the next forward does not queue behind every piece of this backward.
+                    self._early_buffers = start_coalesced(list(self.module.buffers()), f"{self._prefix}.buffers",
+                                                          self._comm.broadcast_)
                 for q in self._unused:
                     self._mark_ready(q, None)
             self._arrivals.record(self._pindex[id(p)])
@@ -365,26 +422,16 @@ class DistributedDataParallel(torch.nn.Module):
         marks.got_grad[k] = grad is not None
         b.reduction.accept(b, j, grad)
         b.pending -= 1
-        self._launch_ready()
-
-    def _launch_ready(self) -> None:
-        buckets = self._buckets
-        while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
-            b = buckets[self._next_launch]
-            timed = timeline.active() is not None
-            b.t_launch = timeline.now_us() if timed else 0.0
-            b.algo = self._steps.algorithm
-            b.work = b.reduction.launch(b, timed)
-            self._steps.mark_reduced()
-            self._next_launch += 1
+        self._launch.accepted(b, j)
 
     def _finalize(self) -> None:
-        """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``."""
+        """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``
+        (with :meth:`overlap_optimizer`: leave them in flight, pending until the next forward)."""
         with self._lock:
             missing = [p for k, p in enumerate(self._sets.active.params) if not self._marks.ready[k]]
             for p in missing:  # zeros keep the ranks in step even when this rank is about to raise
                 self._mark_ready(p, None)
-            self._launch_ready()
+            self._launch.end_backward()
             if self.options.find_unused_parameters:
                 # How many ranks produced a real gradient per parameter: an all-zero entry keeps .grad as is.
                 self._usage = torch.tensor(self._marks.got_grad, dtype=torch.int32)
@@ -395,9 +442,12 @@ class DistributedDataParallel(torch.nn.Module):
         tl = timeline.active()
         if tl is not None:
             tl.span("backward", "BACKWARD", t_first, t_last)
-        self._wait_all()
-        if tl is not None:
-            self._record_comm(tl)
+        if self._overlap is None:
+            self._wait_all()
+            if tl is not None:
+                self._launch.record(tl)
+        else:
+            self._overlap.begin()
         self._step_open = False
         self._arrivals.complete()
         if missing and not self.options.find_unused_parameters:
@@ -406,17 +456,16 @@ class DistributedDataParallel(torch.nn.Module):
                                f"this backward ({names}). Pass find_unused_parameters=True if parts of the "
                                "model are unused in some iterations, or make every parameter take part in "
                                "producing the loss.")
-        self._copy_back()
+        if self._overlap is None:
+            self._copy_back()
 
     def _wait_all(self) -> None:
         """Wait for every bucket (and the usage map), then raise the first error, if any."""
         error: BaseException | None = None
-        for b in self._buckets:
-            try:
-                b.reduction.finish(b, b.work.wait())
-                b.validated.add(b.algo)
-            except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
-                error = error or exc
+        try:
+            self._launch.wait()
+        except BaseException as exc:  # noqa: BLE001 - keep waiting so nothing is left in flight
+            error = exc
         if self._usage_work is not None:
             try:
                 self._usage_work.wait()
@@ -430,19 +479,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _copy_back(self) -> None:
         if self.options.find_unused_parameters:
             self._marks.usage = self._usage.tolist()
-        for b in self._buckets:
-            b.reduction.deliver(b, self._marks)
-
-    def _record_comm(self, tl: timeline.Timeline) -> None:
-        for b in self._buckets:
-            times = b.work.span()
-            if times is None:
-                continue
-            start, end = times
-            track = f"ddp.bucket{b.index}"
-            tl.span(track, "QUEUE", b.t_launch, start)
-            tl.span(track, "COMMUNICATE", start, end,
-                    {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
+        self._launch.deliver(self._marks)
 
 
 def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -5,7 +5,7 @@ may be reduced from factors (:class:`FactorLayers`) and the reduction of one suc
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -103,6 +103,11 @@ class FactorReduction:
         self.grad = grad  # checked against the factors on the comm thread
 
     def launch(self, b: Bucket, timed: bool) -> CommFuture:
+        return self.ctx.comm.submit(self.stage(b), timed=timed)
+
+    def stage(self, b: Bucket) -> Callable[[], Any]:
+        """Take this backward's factors from the layer (the main thread, once backward reached the weight)
+        and return the job that gathers them and starts the product (to run on the communication thread)."""
         layer, grad, pairs = self.layer, self.grad, self.layer.take_pairs()
         layer.enabled = False  # every pair of this window is in: backward reached the weight
         ctx = self.ctx
@@ -116,7 +121,7 @@ class FactorReduction:
                 return res
             return "average", _factors.average_from_factors_async(res, layer.out_features, size, out)
 
-        return ctx.comm.submit(job, timed=timed)
+        return job
 
     def finish(self, b: Bucket, result: Any) -> None:
         # The product ran on the factor worker while backward went on: its future is done or nearly so.

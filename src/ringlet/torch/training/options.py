@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from ringlet import compression as _compression
 
+from .priority import Priority
+
 __all__ = ["DDPOptions"]
 
 
@@ -14,7 +16,8 @@ class DDPOptions:
 
     ``first_bucket_cap_mb`` defaults to ``min(1, bucket_cap_mb)``: a small first bucket (the last layers)
     starts communication early in backward, as torch does. ``compression``: the
-    :class:`ringlet.compression.Compressor` the dense buckets travel with, None for none.
+    :class:`ringlet.compression.Compressor` the dense buckets travel with, None for none. ``priority``: the
+    :class:`~ringlet.torch.training.priority.Priority` strategy, None for first-in-first-out launches.
     """
 
     bucket_cap_mb: float = 25.0
@@ -26,14 +29,16 @@ class DDPOptions:
     gradient_as_bucket_view: bool = False
     sufficient_factors: str = "auto"  # "off", "on" (where the factors are smaller) or "auto" (... and faster)
     compression: _compression.Compressor | None = None
+    priority: Priority | None = None
 
     @classmethod
     def parse(cls, bucket_cap_mb: float, first_bucket_cap_mb: float | None, sufficient_factors: bool | str,
-              compression=None, **flags) -> DDPOptions:
+              compression=None, priority: Priority | None = None, **flags) -> DDPOptions:
         """Options from the constructor's arguments; ``flags``: the other fields. Raises ``ValueError`` for
         a cap that is not positive, a ``sufficient_factors`` other than True, False or ``"auto"`` or a
         compressor name :func:`ringlet.compression.get` does not know (``TypeError`` for a
-        ``compression`` that is neither a name nor a compressor)."""
+        ``compression`` that is neither a name nor a compressor, or a ``priority`` that is not a
+        :class:`~ringlet.torch.training.priority.Priority`)."""
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         first = min(1.0, bucket_cap_mb) if first_bucket_cap_mb is None else first_bucket_cap_mb
@@ -41,5 +46,7 @@ class DDPOptions:
         if factors not in ("on", "off", "auto"):
             raise ValueError(f"sufficient_factors must be True, False or 'auto', got {sufficient_factors!r}")
         comp = None if compression is None else _compression.get(compression)
-        return cls(float(bucket_cap_mb), float(first), sufficient_factors=factors, compression=comp,
+        if priority is not None and not isinstance(priority, Priority):
+            raise TypeError(f"priority must be a ringlet.torch.Priority or None, got {type(priority).__name__}")
+        return cls(float(bucket_cap_mb), float(first), sufficient_factors=factors, compression=comp, priority=priority,
                    **{k: v if k == "algorithm" else bool(v) for k, v in flags.items()})

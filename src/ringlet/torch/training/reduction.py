@@ -5,9 +5,11 @@ the bucket's flat buffer. The other strategy, averaging a weight from gathered s
 
 Per reduced backward the DDP calls, for each bucket: :meth:`Reduction.prepare` at the forward,
 :meth:`Reduction.accept` once per parameter as its gradient is ready (``None``: it gets none),
-:meth:`Reduction.launch` when every parameter was accepted (buckets launch in index order on every
-rank), :meth:`Reduction.finish` with what the launched work returned, and :meth:`Reduction.deliver`
-to write the average into ``.grad`` (under ``torch.no_grad``).
+:meth:`Reduction.launch` when every parameter was accepted (by the DDP's launcher: first in, first
+out, or priority-scheduled pieces), :meth:`Reduction.finish` with what the launched work returned, and
+:meth:`Reduction.deliver` to write the average into ``.grad`` (under ``torch.no_grad``). A reduction may
+also offer ``stage(bucket)``: the launch's work as a function to run on the communication thread later
+(priority scheduling calls it where it would launch, and runs the function when the bucket's turn comes).
 """
 from __future__ import annotations
 
@@ -122,18 +124,21 @@ class DenseReduction:
         pass  # the average is in the buffer
 
     def deliver(self, b: Bucket, marks: StepMarks) -> None:
-        as_view = self.ctx.gradient_as_bucket_view
-        for j, p in enumerate(b.params):
-            k = b.start + j
-            avg = b.slot(j).view_as(p)
-            if not marks.used(k):
-                continue  # no rank used it: leave .grad as it was, like torch
-            if p.grad is not None and is_view_of(p.grad, avg):
-                continue  # autograd accumulated into the bucket: the average is in place
-            if as_view or (self.ctx.lend_gradients and marks.fresh[k] and p.is_contiguous()):
-                p.grad = avg
-                b.lent = True
-            elif p.grad is None:
-                p.grad = avg.clone()
-            else:
-                p.grad.copy_(avg)
+        for j in range(len(b.params)):
+            self.deliver_slot(b, j, marks)
+
+    def deliver_slot(self, b: Bucket, j: int, marks: StepMarks) -> None:
+        """Parameter ``j``'s average into its ``.grad`` (as :meth:`deliver` does for every parameter)."""
+        p, k = b.params[j], b.start + j
+        avg = b.slot(j).view_as(p)
+        if not marks.used(k):
+            return  # no rank used it: leave .grad as it was, like torch
+        if p.grad is not None and is_view_of(p.grad, avg):
+            return  # autograd accumulated into the bucket: the average is in place
+        if self.ctx.gradient_as_bucket_view or (self.ctx.lend_gradients and marks.fresh[k] and p.is_contiguous()):
+            p.grad = avg
+            b.lent = True
+        elif p.grad is None:
+            p.grad = avg.clone()
+        else:
+            p.grad.copy_(avg)

@@ -1,0 +1,82 @@
+"""How :class:`~ringlet.torch.training.ddp.DistributedDataParallel` launches its buckets by default:
+first in, first out.
+
+A bucket is launched (its reduction's :meth:`~ringlet.torch.training.reduction.Reduction.launch`) as soon
+as it and every bucket before it are full, so buckets start in index order on every rank; at the end of
+backward every bucket is waited for and the averages are delivered. The other launcher is
+:class:`~ringlet.torch.training.launch_priority.PriorityLaunch`. A launcher's calls per reduced backward:
+:meth:`start` at the forward, :meth:`accepted` after each parameter's gradient went into its bucket,
+:meth:`end_backward` once every parameter was accepted, :meth:`wait`, then :meth:`deliver` (and
+:meth:`record` for the timeline).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ringlet import timeline
+
+if TYPE_CHECKING:
+    from .buckets import Bucket, BucketSet
+    from .reduction import StepMarks
+
+__all__ = ["FifoLaunch"]
+
+
+class FifoLaunch:
+    """First-in-first-out bucket launches (see the module doc); ``algorithm()``: the all-reduce algorithm
+    of the step, read at each launch."""
+
+    spacing = None  # buckets hold their parameters one after the other
+
+    def __init__(self, algorithm: Callable[[], str]):
+        self._algorithm = algorithm
+        self._buckets: list[Bucket] = []
+        self._next = 0
+
+    def start(self, bucket_set: BucketSet, marks: StepMarks) -> None:
+        self._buckets = bucket_set.buckets
+        self._next = 0
+
+    def accepted(self, b: Bucket, j: int) -> None:
+        self._launch_ready()
+
+    def end_backward(self) -> None:
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        buckets = self._buckets
+        while self._next < len(buckets) and buckets[self._next].pending == 0:
+            b = buckets[self._next]
+            timed = timeline.active() is not None
+            b.t_launch = timeline.now_us() if timed else 0.0
+            b.algo = self._algorithm()
+            b.work = b.reduction.launch(b, timed)
+            self._next += 1
+
+    def wait(self) -> None:
+        """Wait for every bucket, then raise the first error, if any."""
+        error: BaseException | None = None
+        for b in self._buckets:
+            try:
+                b.reduction.finish(b, b.work.wait())
+                b.validated.add(b.algo)
+            except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def deliver(self, marks: StepMarks) -> None:
+        for b in self._buckets:
+            b.reduction.deliver(b, marks)
+
+    def record(self, tl: timeline.Timeline) -> None:
+        """``QUEUE`` (launch to start) and ``COMMUNICATE`` spans per bucket."""
+        for b in self._buckets:
+            times = b.work.span()
+            if times is None:
+                continue
+            start, end = times
+            track = f"ddp.bucket{b.index}"
+            tl.span(track, "QUEUE", b.t_launch, start)
+            tl.span(track, "COMMUNICATE", start, end,
+                    {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
