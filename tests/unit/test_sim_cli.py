@@ -67,13 +67,15 @@ def test_from_profile(tmp_path):
     assert res.exit_code == 0 and "64 ranks (8 hosts × 8)" in res.output
 
 
-def test_budget_fallback_notice(monkeypatch):
+def test_budget_fallback_notice(monkeypatch, tmp_path):
     cost = types.ModuleType("ringlet.tuning.cost")
     cost.predict_allreduce = lambda algorithm, nbytes, topology, network, *, itemsize=4, segment_bytes=None: \
         types.SimpleNamespace(seconds=1e-3, steps=2, segment_bytes=segment_bytes)
     monkeypatch.setitem(sys.modules, "ringlet.tuning.cost", cost)
-    res = invoke(*BASE, "--sizes", "1K,1M", "--budget", "0")
+    png = tmp_path / "model.png"
+    res = invoke(*BASE, "--sizes", "1K,1M", "--budget", "0", "--plot", str(png))
     assert res.exit_code == 0, res.output
+    assert png.stat().st_size > 1000
     rows = [ln for ln in res.output.splitlines() if ln.endswith(" model")]
     assert len(rows) == 14 and "predicted by the cost model" in res.output
 

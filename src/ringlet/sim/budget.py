@@ -52,13 +52,13 @@ def probe(coll: Collective, algorithm: str, count: int, topology: Topology,
 
 @dataclass
 class Budget:
-    """``seconds`` for the whole sweep, counted from creation on ``clock``."""
+    """``seconds`` for the whole sweep, counted from creation on ``clock``. ``ValueError`` when negative."""
 
     seconds: float
     clock: Callable[[], float] = time.perf_counter
-    start: float = field(default=0.0)
-    _estimated: float = 0.0
-    _actual: float = 0.0
+    start: float = field(init=False, default=0.0)
+    _estimated: float = field(init=False, default=0.0)
+    _actual: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if not self.seconds >= 0:

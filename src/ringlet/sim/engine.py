@@ -15,7 +15,8 @@ One step, for all its transfers at once (numpy arrays, no Python object per tran
 * its first segment is in at ``t0 + τ``, its last at ``max(last[src] + τ, t0 + k·τ)`` (segments
   follow the sender's own arrivals, one link time apart);
 * then the receiver's ``first``/``last`` become the max of their old values and the arrivals, and each
-  link's ``busy`` the latest last arrival of the transfers on it.
+  link is ``busy`` until it has carried its own load of the step, ``t0 + k·α + m_link·b·β`` (the latest
+  over its transfers): a transfer held back by its other link leaves this one partly idle.
 
 The collective's time is the latest ``last``. With one segment this is ``α + b·β`` per transfer plus
 ``b·γ`` per reducing receive along the critical path; with ``k`` segments a chain of steps on distinct
