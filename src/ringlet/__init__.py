@@ -38,6 +38,11 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     host), torch.distributed's default Gloo group is created too, as the torch transport does, so that
     scripts that also call torch.distributed (torch's DDP, its comm hooks) find it; :func:`shutdown`
     destroys it. A default group that already exists is left alone.
+
+    The job's network model comes from its calibration profile (``ringlet tune``): ``RINGLET_TUNE``
+    (``load``, the default; ``auto`` also calibrates when none matches; ``off``) and ``RINGLET_PROFILE``
+    (a path), or the same fields of ``options``; see docs/tuning.md. A profile file that is not one
+    raises ``ValueError`` naming it, on every rank.
     """
     global _atexit_registered
     from . import collectives
@@ -53,6 +58,13 @@ def init(transport=None, options: Options | None = None) -> Runtime:
             _torch_group_beside((options or Options.from_env()).timeout)
         tr = create(name, join=_elastic.group_join())
     rt = Runtime(tr, options)
+    try:
+        from .tuning.autoload import attach
+
+        attach(rt)  # rt.network_model from the matching calibration profile (RINGLET_TUNE, RINGLET_PROFILE)
+    except BaseException:
+        rt.close()
+        raise
     collectives._set_runtime(rt)
     from . import timeline
 
@@ -91,6 +103,9 @@ def shutdown() -> None:
     if rt is not None:
         collectives._set_runtime(None)
         rt.close()
+        from .tuning import select
+
+        select.install(None)
     if _owns_torch_group:
         from .transport.torchdist import destroy_default_group
 

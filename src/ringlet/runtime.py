@@ -93,6 +93,10 @@ class Runtime:
         self.hostnames = hostnames
         self.world = self._add_group(tuple(range(self.size)), host_of)
         self._seq[self.world.id] = 1  # sequence 0 carried the hostname exchange
+        # The calibrated network of this job, set by ringlet.init (ringlet.tuning.autoload.attach):
+        # (Network, Topology) and the Profile it came from, or None without a matching profile.
+        self.network_model = None
+        self.profile = None
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:

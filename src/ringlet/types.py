@@ -136,6 +136,9 @@ def _env_bool(name: str, default: bool) -> bool:
     return val.strip().lower() not in ("0", "false", "no", "off")
 
 
+TUNE_MODES = ("off", "load", "auto")  # Options.tune: no network model / a matching profile / calibrate if none
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Process-wide knobs. Read once from the environment at ``init``; never mutated afterwards.
@@ -146,12 +149,22 @@ class Options:
     ``segment_bytes``: pipeline granularity of the executor (``RINGLET_SEGMENT_BYTES``, default 4 MiB;
     docs/design.md says why).
     ``algorithm``: forced algorithm name or ``"auto"`` (``RINGLET_ALGORITHM``).
+    ``tune``: what ``init`` does about the network model (``RINGLET_TUNE``): ``"load"`` uses the
+    calibration profile matching the job when there is one, ``"auto"`` also calibrates quickly and saves
+    a profile when there is none, ``"off"`` uses none (see docs/tuning.md). ``ValueError`` for another.
+    ``profile``: path of the calibration profile to use instead of the per-user cache (``RINGLET_PROFILE``).
     """
 
     check: bool = True
     timeout: float = 300.0
     segment_bytes: int = 4 << 20
     algorithm: str = "auto"
+    tune: str = "load"
+    profile: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tune not in TUNE_MODES:
+            raise ValueError(f"tune must be one of {', '.join(TUNE_MODES)} (RINGLET_TUNE), got {self.tune!r}")
 
     @classmethod
     def from_env(cls) -> "Options":
@@ -160,4 +173,6 @@ class Options:
             timeout=_env_float("RINGLET_TIMEOUT", 300.0),
             segment_bytes=int(_env_float("RINGLET_SEGMENT_BYTES", float(4 << 20))),
             algorithm=os.environ.get("RINGLET_ALGORITHM", "auto") or "auto",
+            tune=(os.environ.get("RINGLET_TUNE", "") or "load").strip().lower(),
+            profile=os.environ.get("RINGLET_PROFILE", "").strip(),
         )

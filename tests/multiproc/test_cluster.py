@@ -290,6 +290,11 @@ def test_cli_up_exec_status_down(clean_machine):
     assert in_cgroup == ("1" if _cpus() else "0")
     assert cli("exec", "h0", "--", "sh", "-c", "exit 7").returncode == 7
     assert cli("exec", "h9", "--", "true").returncode != 0
+    assert cli("link", "300mbit").returncode == 0  # re-shaped live, recorded in the state
+    assert cli("link", "50mbit", "--host", "h1").returncode == 0
+    rows = cli("status").stdout
+    assert "link 300mbit" in rows and "50mbit" in rows and "100mbit" not in rows, rows
+    assert cli("link", "fast").returncode != 0 and cli("link", "1gbit", "--host", "h7").returncode != 0
     down = cli("down")
     assert down.returncode == 0, down.stderr
     assert manager.leftovers() == []

@@ -5,19 +5,21 @@ Every rank sends one message per step, so no link carries two at once on a ring-
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
+from .cache import cached
 from .schedule import Schedule, ScheduleBuilder
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def pairwise(p: int, send_counts: tuple[tuple[int, ...], ...]) -> Schedule:
     b = ScheduleBuilder("pairwise_alltoall", p)
-    send_off = [[sum(send_counts[r][:d]) for d in range(p)] for r in range(p)]
-    recv_off = [[sum(send_counts[s][d] for s in range(src)) for src in range(p)] for d in range(p)]
+    counts = np.asarray(send_counts, dtype=np.int64).reshape(p, p)
+    send_off = np.cumsum(counts, axis=1) - counts  # [r, d]: where r's block for d starts in r's input
+    recv_off = np.cumsum(counts, axis=0) - counts  # [s, d]: where s's block lands in d's output
+    r = np.arange(p)
     for k in range(1, p):
+        d = (r + k) % p
         b.new_step()
-        for r in range(p):
-            d = (r + k) % p
-            b.add(r, d, send_off[r][d], send_counts[r][d], dst_offset=recv_off[d][r], src_buf=1, dst_buf=0)
+        b.add_many(r, d, send_off[r, d], counts[r, d], dst_offset=recv_off[r, d], src_buf=1, dst_buf=0)
     return b.build()

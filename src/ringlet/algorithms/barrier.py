@@ -4,18 +4,19 @@ After ``ceil(log2 p)`` rounds every rank has transitively heard from every other
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
+from .cache import cached
 from .schedule import Schedule, ScheduleBuilder
 
 
-@functools.lru_cache(maxsize=64)
+@cached
 def dissemination(p: int) -> Schedule:
     b = ScheduleBuilder("dissemination_barrier", p)
+    r = np.arange(p)
     k = 1
     while k < p:
         b.new_step()
-        for r in range(p):
-            b.add(r, (r + k) % p, 0, 1)
+        b.add_many(r, (r + k) % p, 0, 1)
         k <<= 1
     return b.build()

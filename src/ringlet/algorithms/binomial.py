@@ -5,8 +5,9 @@ for small messages; the executor's segmentation pipelines large ones down the tr
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
+from .cache import cached
 from .schedule import Schedule, ScheduleBuilder
 
 
@@ -14,27 +15,23 @@ def _rounds(p: int) -> int:
     return max(0, (p - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def broadcast(p: int, count: int, root: int) -> Schedule:
     """Round ``k``: every virtual rank ``v < 2^k`` sends to ``v + 2^k`` (virtual = rank relative to root)."""
     b = ScheduleBuilder("binomial_broadcast", p)
     for k in range(_rounds(p)):
         b.new_step()
-        for v in range(1 << k):
-            w = v + (1 << k)
-            if w < p:
-                b.add((v + root) % p, (w + root) % p, 0, count)
+        v = np.arange(min(1 << k, p - (1 << k)))  # those whose partner v + 2^k exists
+        b.add_many((v + root) % p, (v + (1 << k) + root) % p, 0, count)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def reduce(p: int, count: int, root: int) -> Schedule:
     """The broadcast tree run backwards: children reduce into parents, the root ends with the result."""
     b = ScheduleBuilder("binomial_reduce", p)
     for k in reversed(range(_rounds(p))):
         b.new_step()
-        for v in range(1 << k):
-            w = v + (1 << k)
-            if w < p:
-                b.add((w + root) % p, (v + root) % p, 0, count, reduce=True)
+        v = np.arange(min(1 << k, p - (1 << k)))
+        b.add_many((v + (1 << k) + root) % p, (v + root) % p, 0, count, reduce=True)
     return b.build()

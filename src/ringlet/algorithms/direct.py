@@ -15,34 +15,38 @@ small groups.
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
-from .schedule import Schedule, ScheduleBuilder, even_split
+from .cache import cached
+from .schedule import Schedule, ScheduleBuilder, split_table
 
 
-@functools.lru_cache(maxsize=256)
+def _all_pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sender and receiver of every ordered pair, staggered so that no rank is everyone's first target:
+    for shift ``1..p-1``, every rank ``r`` sends to ``(r + shift) % p``."""
+    src = np.tile(np.arange(p), max(p - 1, 0))
+    return src, (src + np.repeat(np.arange(1, p), p)) % p
+
+
+@cached
 def allgather(p: int, counts: tuple[int, ...]) -> Schedule:
     b = ScheduleBuilder("direct_allgather", p)
-    offs = [sum(counts[:i]) for i in range(p)]
+    cnt = np.asarray(counts, dtype=np.int64).reshape(-1)
+    blocks = b.ranges(np.cumsum(cnt) - cnt, cnt)
+    src, dst = _all_pairs(p)
     b.new_step()
-    for shift in range(1, p):  # staggered so that no rank is everyone's first target
-        for r in range(p):
-            b.add(r, (r + shift) % p, offs[r], counts[r])
+    b.add_ranges(src, dst, blocks, src)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int) -> Schedule:
     """Two-shot all-reduce: rank ``c`` reduces chunk ``c`` from all peers, then sends it to all of them."""
     b = ScheduleBuilder("direct", p)
-    chunks = even_split(count, p)
+    chunks = b.ranges(*split_table(count, p))
+    src, dst = _all_pairs(p)
     b.new_step()
-    for shift in range(1, p):
-        for r in range(p):
-            c = (r + shift) % p
-            b.add(r, c, chunks[c][0], chunks[c][1], reduce=True)
+    b.add_ranges(src, dst, chunks, dst, reduce=True)
     b.new_step()
-    for shift in range(1, p):
-        for r in range(p):
-            b.add(r, (r + shift) % p, chunks[r][0], chunks[r][1])
+    b.add_ranges(src, dst, chunks, src)
     return b.build()

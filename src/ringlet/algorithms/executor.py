@@ -8,13 +8,15 @@ next (the ring's classic chunk pipelining, and a pipelined tree for free).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
-from .schedule import Schedule
+from .cache import SizeBoundedCache, memoise
+from .range_index import RangeIndex
+from .schedule import Schedule, StepArrays, Transfer
 
 POST_RECV, POST_SEND, APPLY = 0, 1, 2
 
@@ -64,7 +66,17 @@ class _Run:
         return range(self.first + a, self.first + b + 1)
 
 
-@functools.lru_cache(maxsize=512)
+#: Compiled plans: 128 MiB in all, none above 32 MiB. A plan is weighed with its schedule (its key
+#: keeps the schedule alive) plus an estimate per message and action (slotted objects and tuples).
+PLANS = SizeBoundedCache(128 << 20, max_item_bytes=32 << 20, max_entries=512)
+_MSG_BYTES, _ACTION_BYTES = 160, 100
+
+
+def _plan_weight(plan: "Plan", args: tuple) -> int:
+    return args[0].nbytes() + _MSG_BYTES * len(plan.msgs) + _ACTION_BYTES * len(plan.actions)
+
+
+@memoise(PLANS, _plan_weight)
 def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
@@ -73,6 +85,14 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     and wait for earlier sends whose range a receive or an apply would overwrite (see _PlanBuilder).
     """
     return _PlanBuilder(schedule, rank, max(1, segment)).build()
+
+
+def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
+    """Transfers ``rows`` of a step, as :class:`Transfer` objects of Python ints."""
+    cols = (st.src[rows].tolist(), st.dst[rows].tolist(), st.offset[rows].tolist(), st.count[rows].tolist(),
+            st.reduce[rows].tolist(), st.recv_offset[rows].tolist(), st.src_buf[rows].tolist(),
+            st.dst_buf[rows].tolist())
+    return [Transfer(src, dst, off, cnt, red, recv, sb, db) for src, dst, off, cnt, red, recv, sb, db in zip(*cols)]
 
 
 class _Streams:
@@ -110,14 +130,19 @@ class _PlanBuilder:
     def __init__(self, schedule: Schedule, rank: int, segment: int):
         self.rank, self.segment = rank, segment
         self.nsteps = nsteps = schedule.num_steps
-        self.sends: list[list[tuple]] = [[] for _ in range(nsteps)]
-        self.recvs: list[list[tuple]] = [[] for _ in range(nsteps)]
-        for s, t in schedule.transfers():
-            if t.src == rank:
-                self.sends[s].append((t.dst, t.src_buf, t.offset, t.count))
-            if t.dst == rank:
-                self.recvs[s].append((t.src, t.dst_buf, t.recv_offset, t.count, t.reduce))
-        self.by_step = [list(step) for step in schedule.steps]
+        # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
+        self.out_t: list[list[Transfer]] = []
+        self.in_t: list[list[Transfer]] = []
+        for s in range(nsteps):
+            st = schedule.step_arrays(s)
+            self.out_t.append(_select(st, np.flatnonzero(st.src == rank)))
+            self.in_t.append(_select(st, np.flatnonzero(st.dst == rank)))
+        self.sends = [[(t.dst, t.src_buf, t.offset, t.count) for t in ts] for ts in self.out_t]
+        self.recvs = [[(t.src, t.dst_buf, t.recv_offset, t.count, t.reduce) for t in ts] for ts in self.in_t]
+        self.send_index = RangeIndex([[sd[1:] for sd in step] for step in self.sends])
+        self.recv_index = RangeIndex([[r[1:4] for r in step] for step in self.recvs])
+        self._by_peer: dict[tuple[int, bool], dict[int, list[Transfer]]] = {}
+        self._recv_first: np.ndarray | None = None
         self.msgs: list[Msg] = []
         self.send_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
         self.recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
@@ -144,16 +169,25 @@ class _PlanBuilder:
         ``sd`` left this rank's buffer, whatever the transport (this is what lets the all-gather
         half of an all-reduce receive in place: the reduced chunk comes back from the rank it was
         sent to)."""
-        rank, by_step = self.rank, self.by_step
-        back = [t for t in by_step[s] if t.src == peer and t.dst == rank]
-        mine = [t for t in by_step[s - 1] if t.src == rank and t.dst == peer
-                and (t.src_buf, t.offset, t.count) == (sd[1], sd[2], sd[3])]
+        back = self.by_peer(s, False).get(peer, [])
+        mine = [t for t in self.by_peer(s - 1, True).get(peer, [])
+                if (t.src_buf, t.offset, t.count) == (sd[1], sd[2], sd[3])]
         if not back or not mine or any(t.recv_offset != t.offset for t in back + mine):
             return False
         t_in = mine[0]
         return all(t.src_buf == t_in.dst_buf and t_in.offset <= t.offset
                    and t.offset + t.count <= t_in.offset + t_in.count for t in back
                    if _overlap(t.dst_buf, t.offset, t.count, sd[1], sd[2], sd[3]))
+
+    def by_peer(self, s: int, sent: bool) -> dict[int, list[Transfer]]:
+        """This rank's transfers of step ``s`` (sent or received) keyed by the other rank, in order."""
+        key = (s, sent)
+        if key not in self._by_peer:
+            out: dict[int, list[Transfer]] = {}
+            for t in (self.out_t if sent else self.in_t)[s]:
+                out.setdefault(t.dst if sent else t.src, []).append(t)
+            self._by_peer[key] = out
+        return self._by_peer[key]
 
     def can_direct(self, s: int, i: int) -> bool:
         """A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else
@@ -164,15 +198,14 @@ class _PlanBuilder:
         peer, b, off, cnt, red = self.recvs[s][i]
         if red:
             return False
-        for s2 in range(max(0, s - 1), min(self.nsteps, s + 2)):
-            for j, r in enumerate(self.recvs[s2]):
-                if (s2, j) != (s, i) and _overlap(b, off, cnt, r[1], r[2], r[3]):
-                    return False
-        for s2 in (s - 1, s):
-            for sd in self.sends[s2] if s2 >= 0 else ():
-                if _overlap(b, off, cnt, sd[1], sd[2], sd[3]) and not (
-                        s2 == s - 1 and sd[0] == peer and self.answers(s, peer, sd)):
-                    return False
+        me = self.recv_index.position(s, i)
+        if any(pos != me for pos in self.recv_index.overlapping(b, off, cnt, s - 1, s + 2)):
+            return False
+        for pos in self.send_index.overlapping(b, off, cnt, s - 1, s + 1):
+            s2, j = self.send_index.where[pos]
+            sd = self.sends[s2][j]
+            if not (s2 == s - 1 and sd[0] == peer and self.answers(s, peer, sd)):
+                return False
         return True
 
     def segment_messages(self) -> None:
@@ -201,6 +234,12 @@ class _PlanBuilder:
                      Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
                      for m in msgs]
 
+    def send_runs_over(self, run: _Run, last: int) -> list[_Run]:
+        """Send runs of steps ``0..last-1`` overlapping ``run``'s range, in step and schedule order."""
+        where = self.send_index.where
+        return [self.send_runs[where[pos][0]][where[pos][1]]
+                for pos in self.send_index.overlapping(run.buf, run.offset, run.count, 0, last)]
+
     @staticmethod
     def ids(runs: list[_Run]) -> list[int]:
         return [i for run in runs for i in range(run.first, run.first + run.nseg)]
@@ -216,24 +255,37 @@ class _PlanBuilder:
 
     def post_recvs(self, step: int) -> None:
         for run in self.recv_runs[step]:
-            older = [sr for s2 in range(step - 1) for sr in self.send_runs[s2]
-                     if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
+            older = self.send_runs_over(run, step - 1)
             for rid in range(run.first, run.first + run.nseg):
                 r = self.msgs[rid]
                 hazards = self._hazards(r, older) if r.direct else ()
                 self.actions.append((POST_RECV, rid, hazards))
+
+    def last_input(self, s: int, m: Msg) -> int:
+        """Id of the last received segment of step ``s`` overlapping message ``m`` (-1: none)."""
+        runs, end = self.recv_runs[s], m.offset + m.count
+        if len(runs) <= 16:
+            last = -1
+            for run in runs:
+                r = run.seg_range(m.buf, m.offset, end, self.segment)
+                if r:
+                    last = max(last, r[-1])
+            return last
+        index = self.recv_index
+        pos = np.asarray(index.overlapping(m.buf, m.offset, m.count, s, s + 1), dtype=np.int64)
+        if not len(pos):
+            return -1
+        if self._recv_first is None:  # first segment of every receive run, by flat position
+            self._recv_first = np.array([run.first for runs in self.recv_runs for run in runs], dtype=np.int64)
+        ends = np.minimum(end, index.hi[pos])
+        return int((self._recv_first[pos] + (ends - 1 - index.lo[pos]) // self.segment).max())
 
     def unlocks(self, s: int, nxt: _Streams) -> dict[int, list[int]]:
         """Sends of step s+1 keyed by the received segment of step s that completes their input;
         those depending on nothing received in step s are marked ready at once."""
         out: dict[int, list[int]] = {}
         for mid in self.ids(self.send_runs[s + 1]):
-            m = self.msgs[mid]
-            last = -1
-            for run in self.recv_runs[s]:
-                r = run.seg_range(m.buf, m.offset, m.offset + m.count, self.segment)
-                if r:
-                    last = max(last, r[-1])
+            last = self.last_input(s, self.msgs[mid])
             if last < 0:
                 nxt.mark(mid)
             else:
@@ -249,8 +301,7 @@ class _PlanBuilder:
             self.post_recvs(s + 1)
             unlocks = self.unlocks(s, nxt)
         for run in self.recv_runs[s]:
-            writers_hazard = [sr for s2 in range(s + 1) for sr in self.send_runs[s2]
-                              if _overlap(run.buf, run.offset, run.count, sr.buf, sr.offset, sr.count)]
+            writers_hazard = self.send_runs_over(run, s + 1)
             for rid in range(run.first, run.first + run.nseg):
                 r = self.msgs[rid]
                 hazards = self._hazards(r, writers_hazard) if writers_hazard and not r.direct else ()
@@ -283,7 +334,7 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     range into the buffer in place (:attr:`ringlet.types.Reduction.combine`); schedules without reducing
     transfers need none (a reducing transfer without it raises ``ValueError``: a caller's bug).
     """
-    if not schedule.steps:
+    if not schedule.num_steps:
         return
     itemsize = buffers[0].element_size()
     plan = compile_plan(schedule, channel.rank, max(1, channel.segment_bytes // itemsize))

@@ -23,10 +23,12 @@ leave some blocks empty; their transfers are dropped by the builder.
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
-from .schedule import Schedule, ScheduleBuilder, even_split
+import numpy as np
+
+from .cache import cached
+from .schedule import Schedule, ScheduleBuilder, split_table
 
 
 def participants(p: int) -> list[int]:
@@ -36,7 +38,7 @@ def participants(p: int) -> list[int]:
     return [2 * v + 1 if v < extra else v + extra for v in range(pp)]
 
 
-def folded(name: str, p: int, count: int, rounds: Callable[[ScheduleBuilder, int, list[int]], None]) -> Schedule:
+def folded(name: str, p: int, count: int, rounds: Callable[[ScheduleBuilder, int, np.ndarray], None]) -> Schedule:
     """A schedule over any ``p >= 1`` ranks whose ``rounds(builder, p', real)`` need a power of two ``p'``:
     the ``p - p'`` extra ranks first hand their vector to a partner (``real[v]`` is the rank that plays
     virtual rank ``v``) and get the result back at the end."""
@@ -44,47 +46,46 @@ def folded(name: str, p: int, count: int, rounds: Callable[[ScheduleBuilder, int
         raise ValueError(f"{name} needs at least one rank, got p={p}")
     b = ScheduleBuilder(name, p)
     pp = 1 << (p.bit_length() - 1)
-    extra = p - pp
-    if extra:
+    extra = 2 * np.arange(p - pp)  # rank 2i folds into 2i + 1
+    if len(extra):
         b.new_step()
-        for i in range(extra):
-            b.add(2 * i, 2 * i + 1, 0, count, reduce=True)
-    rounds(b, pp, participants(p))
-    if extra:
+        b.add_many(extra, extra + 1, 0, count, reduce=True)
+    rounds(b, pp, np.array(participants(p)))
+    if len(extra):
         b.new_step()
-        for i in range(extra):
-            b.add(2 * i + 1, 2 * i, 0, count)
+        b.add_many(extra + 1, extra, 0, count)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+def _owned(v: np.ndarray, j: int, pp: int) -> np.ndarray:
+    """First block of the range each virtual rank ``v`` owns after ``j`` halving rounds (it owns
+    ``pp >> j`` blocks): bits ``0..j-1`` of ``v`` pick nested halves."""
+    lo, size = np.zeros_like(v), pp
+    for bit in range(j):
+        size >>= 1
+        lo += (v >> bit & 1) * size
+    return lo
+
+
+@cached
 def allreduce(p: int, count: int) -> Schedule:
     """Rabenseifner all-reduce of ``count`` elements over any ``p >= 1`` ranks (cost in the module doc)."""
 
-    def rounds(b: ScheduleBuilder, pp: int, real: list[int]) -> None:
-        blocks = even_split(count, pp)
-
-        def owned(v: int, j: int) -> tuple[int, int]:
-            """Element range v owns after j halving rounds: bits 0..j-1 of v pick nested halves."""
-            lo, size = 0, pp
-            for bit in range(j):
-                size >>= 1
-                if v >> bit & 1:
-                    lo += size
-            start = blocks[lo][0]
-            last_off, last_cnt = blocks[lo + size - 1]
-            return start, last_off + last_cnt - start
-
+    def rounds(b: ScheduleBuilder, pp: int, real: np.ndarray) -> None:
+        offsets, counts = split_table(count, pp)
+        bounds = np.append(offsets, count)
         n = pp.bit_length() - 1
+        # levels[j]: the ranges of pp >> j consecutive blocks (what a rank owns after j rounds), by first block
+        levels = [None] + [b.ranges(bounds[0:pp:pp >> j], bounds[pp >> j::pp >> j] - bounds[0:pp:pp >> j])
+                           for j in range(1, n + 1)]
+        v = np.arange(pp)
         for j in range(n):  # halving: give the partner the half it keeps
+            w = v ^ (1 << j)
             b.new_step()
-            for v in range(pp):
-                off, cnt = owned(v ^ (1 << j), j + 1)
-                b.add(real[v], real[v ^ (1 << j)], off, cnt, reduce=True)
+            b.add_ranges(real[v], real[w], levels[j + 1], _owned(w, j + 1, pp) // (pp >> (j + 1)), reduce=True)
         for j in reversed(range(n)):  # doubling: send what is owned, own twice as much
+            w = v ^ (1 << j)
             b.new_step()
-            for v in range(pp):
-                off, cnt = owned(v, j + 1)
-                b.add(real[v], real[v ^ (1 << j)], off, cnt)
+            b.add_ranges(real[v], real[w], levels[j + 1], _owned(v, j + 1, pp) // (pp >> (j + 1)))
 
     return folded("halving_doubling", p, count, rounds)

@@ -25,29 +25,57 @@ a ring over the hosts; both equal the flat ring all-reduce.
 """
 from __future__ import annotations
 
-import functools
+from itertools import groupby
 from typing import Sequence
 
+import numpy as np
+
 from . import ring
-from .schedule import Schedule, ScheduleBuilder, even_split
+from .cache import cached
+from .schedule import Schedule, ScheduleBuilder, split_table
+
+
+def _scalar_or(a: np.ndarray, reps: int):
+    """A stored column repeated for ``reps`` parts: its one value when it has only one."""
+    return a[0].item() if a.strides == (0,) else np.tile(a, reps)
+
+
+def _embed_group(b: ScheduleBuilder, sched: Schedule, bases: np.ndarray) -> list:
+    """Range tables of ``b`` for copies of ``sched`` shifted by ``bases``, and each copy's first row."""
+    store = sched.store
+    if (bases == bases[0]).all():  # one table serves every copy
+        return [b.ranges(store.offsets.astype(np.int64) + int(bases[0]), store.counts), np.zeros(len(bases), int)]
+    table = b.ranges((store.offsets.astype(np.int64)[None, :] + bases[:, None]).ravel(),
+                     np.tile(store.counts, len(bases)))
+    return [table, np.arange(len(bases)) * len(store.offsets)]
 
 
 def embed(b: ScheduleBuilder, parts: Sequence[tuple[Schedule, Sequence[int], int]]) -> None:
     """Append sub-schedules that run side by side: step ``t`` of the result is the union of step ``t``
-    of every part, with part rank ``k`` mapped to ``ranks[k]`` and element ranges shifted by ``base``.
+    of every part, in the order of ``parts``, with part rank ``k`` mapped to ``ranks[k]`` and element
+    ranges shifted by ``base``.
 
-    Parts must act on disjoint (rank, range) pairs; shorter parts simply finish early.
+    Parts must act on disjoint (rank, range) pairs; shorter parts simply finish early. Consecutive
+    parts with the same schedule are added together, as arrays.
     """
+    groups = []
+    for sched, members in groupby(parts, key=lambda part: part[0]):
+        members = list(members)
+        ranks = np.array([list(r) for _, r, _ in members], dtype=np.int64).reshape(len(members), sched.nranks)
+        bases = np.array([base for _, _, base in members], dtype=np.int64)
+        groups.append((sched, ranks, bases, *_embed_group(b, sched, bases)))
     nsteps = max((s.num_steps for s, _, _ in parts), default=0)
     for t in range(nsteps):
         b.new_step()
-        for sched, ranks, base in parts:
+        for sched, ranks, bases, table, first in groups:
             if t >= sched.num_steps:
                 continue
-            for tr in sched.steps[t]:
-                b.add(ranks[tr.src], ranks[tr.dst], tr.offset + base, tr.count, reduce=tr.reduce,
-                      dst_offset=tr.dst_offset + base if tr.dst_offset >= 0 else -1,
-                      src_buf=tr.src_buf, dst_buf=tr.dst_buf)
+            st = sched.store.steps[t]
+            recv = -1 if st.recv is None else (st.recv.astype(np.int64)[None, :] + bases[:, None]).ravel()
+            b.add_ranges(ranks[:, st.src].ravel(), ranks[:, st.dst].ravel(), table,
+                         (st.rng.astype(np.int64)[None, :] + first[:, None]).ravel(),
+                         reduce=_scalar_or(st.reduce, len(bases)), dst_offset=recv,
+                         src_buf=_scalar_or(st.src_buf, len(bases)), dst_buf=_scalar_or(st.dst_buf, len(bases)))
 
 
 def host_rows(host_of: Sequence[int]) -> list[tuple[int, ...]]:
@@ -67,7 +95,8 @@ def two_level(name: str, p: int, count: int, rows: Sequence[Sequence[int]]) -> S
         raise ValueError(f"rows {rows} are not a partition of ranks 0..{p - 1}")
     b = ScheduleBuilder(name, p)
     m = min(len(row) for row in rows)
-    shards = even_split(count, m)
+    offsets, counts = split_table(count, m)
+    shards = list(zip(offsets.tolist(), counts.tolist()))
     sizes = tuple(c for _, c in shards)
 
     def blocks(row: Sequence[int]) -> tuple[int, ...]:
@@ -80,7 +109,7 @@ def two_level(name: str, p: int, count: int, rows: Sequence[Sequence[int]]) -> S
     return b.build(rows=tuple(tuple(r) for r in rows), shards=m)
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int, host_of: tuple[int, ...]) -> Schedule:
     """Two-level all-reduce of ``count`` elements; ``host_of[r]`` is the host index of rank ``r``.
 

@@ -17,20 +17,21 @@ which all of ringlet's are.
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
+from .cache import cached
 from .halving_doubling import folded
 from .schedule import Schedule, ScheduleBuilder
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int) -> Schedule:
     """Recursive-doubling all-reduce of ``count`` elements over any ``p >= 1`` ranks."""
 
-    def rounds(b: ScheduleBuilder, pp: int, real: list[int]) -> None:
+    def rounds(b: ScheduleBuilder, pp: int, real: np.ndarray) -> None:
+        v = np.arange(pp)
         for j in range(pp.bit_length() - 1):
             b.new_step()
-            for v in range(pp):
-                b.add(real[v], real[v ^ (1 << j)], 0, count, reduce=True)
+            b.add_many(real, real[v ^ (1 << j)], 0, count, reduce=True)
 
     return folded("recursive_doubling", p, count, rounds)

@@ -7,72 +7,71 @@ of the next.
 """
 from __future__ import annotations
 
-import functools
+import numpy as np
 
-from .schedule import Schedule, ScheduleBuilder, even_split
-
-
-def _chunks(counts: tuple[int, ...]) -> list[tuple[int, int]]:
-    out, off = [], 0
-    for c in counts:
-        out.append((off, c))
-        off += c
-    return out
+from .cache import cached
+from .schedule import Ranges, Schedule, ScheduleBuilder, split_table
 
 
-def reduce_scatter_phase(b: ScheduleBuilder, p: int, chunks: list[tuple[int, int]], *, owner_shift: int) -> None:
-    """After ``p-1`` steps rank ``r`` holds the full reduction of chunk ``(r + owner_shift) % p``."""
+def _chunks(b: ScheduleBuilder, counts: tuple[int, ...]) -> Ranges:
+    """Blocks of ``counts`` laid end to end, as a range table of ``b``."""
+    cnt = np.asarray(counts, dtype=np.int64).reshape(-1)
+    return b.ranges(np.cumsum(cnt) - cnt, cnt)
+
+
+def reduce_scatter_phase(b: ScheduleBuilder, p: int, chunks: Ranges, *, owner_shift: int) -> None:
+    """After ``p-1`` steps rank ``r`` holds the full reduction of chunk ``(r + owner_shift) % p``.
+    At step ``s`` rank ``r`` sends chunk ``(r + owner_shift - s - 1) % p`` to ``r + 1``."""
+    r = np.arange(p)
+    nxt = (r + 1) % p
     for s in range(p - 1):
         b.new_step()
-        for r in range(p):
-            c = (r + owner_shift - s - 1) % p
-            off, cnt = chunks[c]
-            b.add(r, (r + 1) % p, off, cnt, reduce=True)
+        b.add_ranges(r, nxt, chunks, (r + (owner_shift - s - 1)) % p, reduce=True)
 
 
-def allgather_phase(b: ScheduleBuilder, p: int, chunks: list[tuple[int, int]], *, owner_shift: int) -> None:
-    """Rank ``r`` starts owning chunk ``(r + owner_shift) % p``; after ``p-1`` steps all own all."""
+def allgather_phase(b: ScheduleBuilder, p: int, chunks: Ranges, *, owner_shift: int) -> None:
+    """Rank ``r`` starts owning chunk ``(r + owner_shift) % p``; after ``p-1`` steps all own all.
+    At step ``s`` rank ``r`` sends chunk ``(r + owner_shift - s) % p`` to ``r + 1``."""
+    r = np.arange(p)
+    nxt = (r + 1) % p
     for s in range(p - 1):
         b.new_step()
-        for r in range(p):
-            c = (r + owner_shift - s) % p
-            off, cnt = chunks[c]
-            b.add(r, (r + 1) % p, off, cnt)
+        b.add_ranges(r, nxt, chunks, (r + (owner_shift - s)) % p)
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int) -> Schedule:
     """Ring all-reduce: reduce-scatter, then all-gather of the reduced chunks."""
     b = ScheduleBuilder("ring", p)
-    chunks = even_split(count, p)
+    chunks = b.ranges(*split_table(count, p))
     reduce_scatter_phase(b, p, chunks, owner_shift=1)
     allgather_phase(b, p, chunks, owner_shift=1)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def reduce_scatter(p: int, counts: tuple[int, ...]) -> Schedule:
     """Ring reduce-scatter: rank ``r`` ends with the reduction of the ``r``-th block (``counts[r]`` elements)."""
     b = ScheduleBuilder("ring_reduce_scatter", p)
-    reduce_scatter_phase(b, p, _chunks(counts), owner_shift=0)
+    reduce_scatter_phase(b, p, _chunks(b, counts), owner_shift=0)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allgather(p: int, counts: tuple[int, ...]) -> Schedule:
     """Ring all-gather of blocks of (possibly ragged) ``counts``; rank ``r`` contributes block ``r``."""
     b = ScheduleBuilder("ring_allgather", p)
-    allgather_phase(b, p, _chunks(counts), owner_shift=0)
+    allgather_phase(b, p, _chunks(b, counts), owner_shift=0)
     return b.build()
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def shift(p: int, counts: tuple[int, ...]) -> Schedule:
     """One ring hop: rank ``r`` sends the first ``counts[r]`` elements of buffer 1 to rank ``(r+1) % p``,
     which receives them at the front of its buffer 0. For collectives that compute between hops (the
     compressed ring of :mod:`ringlet.engine.compressed` re-quantises every partial sum)."""
     b = ScheduleBuilder("ring_shift", p)
     b.new_step()
-    for r in range(p):
-        b.add(r, (r + 1) % p, 0, counts[r], src_buf=1, dst_buf=0)
+    r = np.arange(p)
+    b.add_many(r, (r + 1) % p, 0, np.asarray(counts, dtype=np.int64).reshape(-1), src_buf=1, dst_buf=0)
     return b.build()

@@ -19,10 +19,10 @@ columns. ``(2(C+R)-4)α + 2(p-1)/p·nβ + (p-1)/p·nγ``.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence
 
+from .cache import cached
 from .hierarchical import host_rows, two_level
 from .schedule import Schedule
 
@@ -37,7 +37,7 @@ def grid(p: int, host_of: Sequence[int]) -> list[tuple[int, ...]]:
     return [tuple(range(i * cols, (i + 1) * cols)) for i in range(rows)]
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int, host_of: tuple[int, ...]) -> Schedule:
     """2D torus all-reduce of ``count`` elements over ``p`` ranks (grid and cost in the module docstring)."""
     if p < 1:

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import functools
 
-from .schedule import Schedule, ScheduleBuilder, even_split
+import numpy as np
+
+from .cache import cached
+from .schedule import Schedule, ScheduleBuilder, split_table
 
 
 def _lowbit(x: int) -> int:
@@ -72,12 +75,22 @@ def trees(p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return parents[0], parents[1]
 
 
-def _heights(p: int) -> list[int]:
-    """Height of every label's node, indexed by label - 1 (the same in both trees)."""
-    return [_lowbit(x).bit_length() - 1 for x in range(1, p + 1)]
+@functools.lru_cache(maxsize=64)
+def _edges(p: int) -> tuple[np.ndarray, ...]:
+    """Every (tree, parent label, child) edge in the order of tree, then label, then left before right:
+    arrays ``tree``, ``parent`` rank, ``child`` rank, the child's and the parent's heights."""
+    rows = []
+    for t, to_rank in enumerate((lambda x: x - 1, lambda x: x % p)):
+        for x in range(1, p + 1):
+            for c in _label_children(x, p):
+                rows.append((t, to_rank(x), to_rank(c), _lowbit(c).bit_length() - 1, _lowbit(x).bit_length() - 1))
+    cols = tuple(np.array(col, dtype=np.int64) for col in zip(*rows)) if rows else (np.zeros(0, np.int64),) * 5
+    for col in cols:
+        col.flags.writeable = False
+    return cols
 
 
-@functools.lru_cache(maxsize=256)
+@cached
 def allreduce(p: int, count: int) -> Schedule:
     """Double binary tree all-reduce of ``count`` elements over ``p`` ranks (any ``p >= 1``).
 
@@ -87,19 +100,15 @@ def allreduce(p: int, count: int) -> Schedule:
     b = ScheduleBuilder("tree", p)
     if p == 1:
         return b.build(trees=((-1,), (-1,)))
-    height = _heights(p)
-    top = max(height)  # the root's height, floor(log2 p)
-    halves = even_split(count, 2)
-    maps = (lambda x: x - 1, lambda x: x % p)
-    # Per step: (src, dst, offset, count, reduce) of both trees.
-    steps: list[list[tuple[int, int, int, int, bool]]] = [[] for _ in range(2 * top)]
-    for (off, cnt), to_rank in zip(halves, maps):
-        for x in range(1, p + 1):
-            for c in _label_children(x, p):
-                steps[height[c - 1]].append((to_rank(c), to_rank(x), off, cnt, True))  # up
-                steps[2 * top - height[x - 1]].append((to_rank(x), to_rank(c), off, cnt, False))  # down
-    for moves in steps:
+    top = p.bit_length() - 1  # the root's height, floor(log2 p)
+    halves = b.ranges(*split_table(count, 2))  # tree t carries half t
+    tree_of, parent, child, child_height, parent_height = _edges(p)
+    for s in range(top):  # up: a child of height s reduces into its parent
+        on = child_height == s
         b.new_step()
-        for src, dst, off, cnt, red in moves:
-            b.add(src, dst, off, cnt, reduce=red)
+        b.add_ranges(child[on], parent[on], halves, tree_of[on], reduce=True)
+    for s in range(top, 2 * top):  # down: a parent of height 2top - s copies into its children
+        on = parent_height == 2 * top - s
+        b.new_step()
+        b.add_ranges(parent[on], child[on], halves, tree_of[on])
     return b.build(trees=trees(p))

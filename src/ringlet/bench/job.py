@@ -131,6 +131,7 @@ class SweepOptions:
     ringlet_transport: str = ""
     compression: str = ""  # comma list of compressors or "all"; "": no compressed rows
     sizes: str = ""  # comma list of sizes; replaces min_bytes..max_bytes when given
+    predict: str = ""  # "": no predictions; "auto": the profile ringlet.init found; else a profile's path
 
     def comparisons(self) -> list[str]:
         return [c.strip() for c in self.compare.split(",") if c.strip()]
@@ -176,6 +177,45 @@ def _run_with_progress(spec: SweepSpec, show: bool) -> tuple[list, list]:
         bar.stop()
 
 
+def _prediction_model(o: SweepOptions, rt):
+    """``(network, topology, source)`` for ``--predict``, or ``None`` (with the reason printed) when there
+    is no profile to predict with. ``auto``: the profile ``ringlet.init`` attached; a path: that profile,
+    on this job's topology (a warning when it was made for another fingerprint)."""
+    from ringlet.tuning.network import Topology
+    from ringlet.tuning.profile import Fingerprint, Profile
+
+    if o.predict == "auto":
+        if rt.network_model is None:
+            print("# --predict auto: no calibration profile matches this job (run `ringlet tune` with the same "
+                  "-np, hosts and transport, or give a profile's path)", flush=True)
+            return None
+        network, topology = rt.network_model
+        return network, topology, "the cached profile of this job"
+    prof = Profile.load(o.predict)
+    fp = Fingerprint.of(rt.world.host_of, rt.transport.name)
+    if prof.fingerprint != fp:
+        print(f"# --predict: {o.predict} was made for {prof.fingerprint.describe()}; this job is {fp.describe()}",
+              flush=True)
+    return prof.network, Topology(tuple(rt.world.host_of)), o.predict
+
+
+def _predict(o: SweepOptions, rows: list, rt) -> None:
+    """Rank 0: the cost model's prediction beside every ``ringlet:<algorithm>`` all-reduce row."""
+    from . import predict
+
+    model = _prediction_model(o, rt)
+    fn = predict.default_predictor()
+    if fn is None:
+        print("# --predict: the cost model (ringlet.tuning.cost) is not available", flush=True)
+    if model is None or fn is None:
+        return
+    network, topology, source = model
+    itemsize = torch.empty(0, dtype=getattr(torch, o.dtype)).element_size()
+    segment = predict.executor_segment(rt.options.segment_bytes, tuple(rt.world.host_of), itemsize)
+    if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment)):
+        print(f"# predictions from {source}\n{predict.table(rows)}", flush=True)
+
+
 def _write_reports(o: SweepOptions, rows: list, wire: list, rt, wrong: int) -> None:
     """Rank 0: the tables on stdout, then the JSON/CSV/plot files asked for (CSV and plot: the collective
     rows; JSON: both)."""
@@ -186,6 +226,8 @@ def _write_reports(o: SweepOptions, rows: list, wire: list, rt, wrong: int) -> N
     print(header, flush=True)
     if rows:
         print(report.table(rows), flush=True)
+    if o.predict and rows:
+        _predict(o, rows, rt)
     if wire:
         print(report.compression_table(wire, build_spec(o).compression_algorithm), flush=True)
     meta = {"ranks": ringlet.size(), "hosts": hosts, "transport": rt.transport.name, "argv": sys.argv, "date": when}

@@ -11,6 +11,9 @@ rank 0 prints the table and writes the files. Exit status 1 when any element was
 ``--compression`` measures compressed all-reduces (time, algbw, bytes sent per rank as the transport
 counts them, ratio to ``none``, error vs the exact sum; :func:`ringlet.bench.sweep.run_compression_sweep`);
 without an explicit ``--collectives`` it then replaces the plain sweep.
+
+``--predict auto|PROFILE`` adds the cost model's predicted time and its relative error beside every
+all-reduce algorithm's row (:mod:`ringlet.bench.predict`); ``benchmarks/prediction_error.py`` sums them up.
 """
 from __future__ import annotations
 
@@ -51,9 +54,13 @@ from ..launch import LaunchError, run
 @click.option("--plot", "plot_path", default="", help="Draw busbw against size to this PNG.")
 @click.option("--link-rate", default=None, help="Draw the link rate (e.g. 1gbit) on the plot.")
 @click.option("--title", default="", help="Plot title.")
+@click.option("--predict", "predict", default="", metavar="PROFILE|auto",
+              help="Add the cost model's predicted time and its relative error to every all-reduce row: 'auto' "
+              "uses the calibration profile matching the job (ringlet tune), else a profile's path.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, algorithms, compare, min_bytes, max_bytes,
-              factor, sizes, compression, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, progress):
+              factor, sizes, compression, dtype, op, iters, warmup, json_path, csv_path, plot_path, link_rate, title, predict,
+              progress):
     """Measure collectives nccl-tests style: time, algbw, busbw and #wrong per size and implementation."""
     if compression:
         try:
@@ -66,6 +73,13 @@ def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, al
     if unknown:  # before launching: one clear message instead of a traceback from every rank
         raise click.BadParameter(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)}.",
                                  param_hint="--collectives")
+    if predict and predict != "auto":
+        from ..tuning.profile import Profile
+
+        try:
+            Profile.load(predict)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--predict") from None
     if not inside_job():
         cmd = [sys.executable, "-m", "ringlet.cli.main", "bench"] + strip_launch_args(sys.argv[2:])
         # Without -np: every slot of --hosts / the cluster, else 2 ranks on this host.
@@ -76,5 +90,5 @@ def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, al
             raise click.ClickException(str(exc)) from None
     opts = SweepOptions(collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype, op, iters, warmup,
                         json_path, csv_path, plot_path, link_rate, progress, title, ringlet_transport,
-                        compression, sizes)
+                        compression, sizes, predict)
     sys.exit(sweep_in_job(opts))

@@ -7,6 +7,7 @@ CPU quotas). Needs root.
     ringlet run --cluster -- python train.py       # one rendezvous across the emulated hosts
     ringlet cluster exec h1 -- python -c 'import socket; print(socket.gethostname())'
     ringlet cluster status
+    ringlet cluster link 10gbit                    # re-shape every host's link while jobs run
     ringlet cluster linktest h0:h1                 # a few seconds of TCP through a capped link
     ringlet cluster down                           # removes everything named rgl-*, also after a crash
 
@@ -115,6 +116,19 @@ def _print_status(state) -> None:
             continue
         cpus = f"{h.cpus:g}" if h.cpus is not None else "-"
         click.echo(f"{h.name:<10}{h.addr:<16}{h.upload or '-':<10}{h.download or '-':<10}{cpus:<7}{h.processes}")
+
+
+@cluster_cli.command("link")
+@click.argument("rate")
+@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable); default: every host.")
+def link_cli(rate, hosts):
+    """Change the link RATE (tc units: 1gbit, 10gbit...) of a running cluster; jobs keep running."""
+    try:
+        manager.check_privileges()
+        state = manager.set_link(st.require(), rate, list(hosts) or None)
+    except (ClusterError, ValueError) as exc:
+        raise _fail(exc) from None
+    _echo(f"link rate now {rate} on " + (", ".join(hosts) if hosts else f"all {len(state.hosts)} hosts"))
 
 
 @cluster_cli.command("status")

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "cluster": "ringlet.cli.cluster:cluster_cli",
     "simulate": "ringlet.cli.simulate:simulate_cli",
     "report": "ringlet.cli.report:report_cli",
+    "tune": "ringlet.cli.tune:tune_cli",
 }
 
 

@@ -8,6 +8,7 @@ it also cleans up after a crashed run or a half-made cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -214,6 +215,19 @@ class HostStatus:
     cpus: float | None
     processes: int
     present: bool
+
+
+def set_link(state: ClusterState, rate: str, hosts: list[str] | None = None) -> ClusterState:
+    """Change the link rate of ``hosts`` (all when None) while the cluster runs, and record it. Jobs keep
+    running: this is how a test changes the network under a training run."""
+    bits = st.parse_rate(rate)
+    chosen = state.hosts if not hosts else tuple(state.host(h) for h in hosts)
+    for h in chosen:
+        netns.set_rate(h, bits, state.spec.cap_ingress)
+    if len(chosen) == len(state.hosts):
+        state = dataclasses.replace(state, spec=dataclasses.replace(state.spec, link=rate))
+        st.save(state)
+    return state
 
 
 def status(state: ClusterState) -> list[HostStatus]:

@@ -59,6 +59,13 @@ def tbf_args(rate_bits: int) -> list[str]:
     return ["tbf", "rate", format_rate(rate_bits), "burst", str(tbf_burst(rate_bits)), "latency", TBF_LATENCY]
 
 
+def set_rate(host: Host, rate_bits: int, cap_ingress: bool) -> None:
+    """Re-shape a live host's caps to ``rate_bits`` (``tc qdisc change``: connections stay up)."""
+    sh("tc", "-n", host.netns, "qdisc", "change", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits))
+    if cap_ingress:
+        sh("tc", "qdisc", "change", "dev", host.veth, "root", *tbf_args(rate_bits))
+
+
 def overlapping_routes(network) -> list[str]:
     """Routes of the root namespace that overlap ``network`` (the cluster would shadow or be shadowed)."""
     out = []

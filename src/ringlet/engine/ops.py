@@ -11,6 +11,7 @@ Integer tensors are scaled in float64 and truncated toward zero.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -79,16 +80,20 @@ def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str =
     scale_(flat, pre)
     ran = ""
     if ch.size > 1 and flat.numel() > 0:
-        nbytes = flat.numel() * flat.element_size()
-        host_of = ch.group.host_of
-        ran = select.allreduce(algorithm, ch.size, nbytes, host_of, select.Capabilities.of(ch.transport))
-        if ran == NATIVE and not ch.transport.native_allreduce(flat, red.op, ch.peers):
+        nbytes, itemsize = flat.numel() * flat.element_size(), flat.element_size()
+        host_of, model = ch.group.host_of, select.installed()
+        choice = select.allreduce_choice(algorithm, ch.size, nbytes, host_of, select.Capabilities.of(ch.transport),
+                                         model, itemsize)
+        if choice.algorithm == NATIVE and not ch.transport.native_allreduce(flat, red.op, ch.peers):
             if algorithm == NATIVE:
                 raise ValueError(f"algorithm 'native' is not available on the {ch.transport.name} transport "
                                  f"for {dtype_name(flat.dtype)} tensors.")
-            ran = select.allreduce(select.AUTO, ch.size, nbytes, host_of, select.Capabilities())
+            choice = select.allreduce_choice(select.AUTO, ch.size, nbytes, host_of, select.Capabilities(), model,
+                                             itemsize)
+        ran = choice.algorithm
         if ran != NATIVE:
-            ch.run(ALLREDUCE[ran](ch.size, flat.numel(), host_of), (flat,), red.combine)
+            run_on = ch if choice.segment_bytes is None else dataclasses.replace(ch, segment_bytes=choice.segment_bytes)
+            run_on.run(ALLREDUCE[ran](ch.size, flat.numel(), host_of), (flat,), red.combine)
     finish_(flat, red, ch.size, post)
     return ran
 

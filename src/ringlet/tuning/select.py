@@ -1,19 +1,29 @@
 """The one place where an algorithm is chosen, for every collective that has more than one.
 
 Front ends pass what the caller asked for (a name, or ``"auto"``); :func:`requested` applies the
-process-wide override (``RINGLET_ALGORITHM``) and validates names; :func:`allreduce` and
-:func:`allgather` turn a request into the algorithm that runs. Choices depend only on arguments that
-are identical on every member (group size, host layout, byte count, the transport's capabilities), so
-every member picks the same algorithm without communicating. The cost-model tuner replaces the size
-rule of :func:`allreduce` here.
+process-wide override (``RINGLET_ALGORITHM``) and validates names; :func:`allreduce_choice` (and its
+name-only form :func:`allreduce`) and :func:`allgather` turn a request into what runs. Choices depend
+only on arguments that are identical on every member (group size, host layout, byte count, the
+transport's capabilities, and the cost :class:`Model` when one is installed, which every rank builds
+from the same constants), so every member picks the same algorithm without communicating.
+
+Without a model ``"auto"`` follows a size rule (:func:`schedule_rule`). With one (:func:`install`:
+the runtime installs the model built from its calibration profile; :mod:`ringlet.tuning.adaptive`
+replaces its constants while training runs) ``"auto"`` takes the algorithm **and segment size** of
+least predicted time (:mod:`ringlet.tuning.cost`); a forced algorithm keeps its name and gets the
+model's segment size. The backend's own all-reduce (``"native"``) keeps its capability rule: it has
+no schedule to predict.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..algorithms import ALIASES, ALLREDUCE, NATIVE, allreduce_names
+from .model import AUTO, Choice, Model
 
-AUTO = "auto"
+__all__ = ["AUTO", "Capabilities", "Choice", "Model", "requested", "schedule_rule", "allreduce", "allreduce_choice",
+           "allgather", "install", "installed"]
+
 ALLGATHER_ALGORITHMS = ("ring", "direct")
 
 
@@ -62,16 +72,50 @@ def schedule_rule(p: int, nbytes: int, host_of: tuple[int, ...]) -> str:
     return "ring"
 
 
-def allreduce(name: str, p: int, nbytes: int, host_of: tuple[int, ...], caps: Capabilities) -> str:
-    """The all-reduce algorithm to run for request ``name`` (already :func:`requested`): a forced name
-    is kept; ``"auto"`` hands small messages to the backend's own all-reduce where it is faster
-    (``caps.native_small``) and otherwise follows :func:`schedule_rule`. A caller whose backend declines
-    the native all-reduce for a dtype asks again with ``caps.native_small`` off."""
+def allreduce_choice(name: str, p: int, nbytes: int, host_of: tuple[int, ...], caps: Capabilities,
+                     model: Model | None = None, itemsize: int = 4) -> Choice:
+    """What runs for all-reduce request ``name`` (already :func:`requested`) of ``nbytes`` bytes of
+    ``itemsize``-byte elements over ``p`` ranks on hosts ``host_of``.
+
+    A forced name is kept (with ``model``, at the model's best segment size for it); ``"auto"`` hands
+    small messages to the backend's own all-reduce where it is faster (``caps.native_small``), then
+    takes ``model``'s best (algorithm, segment size), or without a model :func:`schedule_rule` at the
+    channel's segment size (``segment_bytes`` None). A caller whose backend declines the native
+    all-reduce for a dtype asks again with ``caps.native_small`` off."""
+    if name == NATIVE:
+        return Choice(NATIVE)
     if name != AUTO:
-        return name
+        return Choice(name) if model is None else model.choose(nbytes, host_of, itemsize, algorithm=name)
     if caps.native_small and nbytes < NATIVE_SMALL_BELOW:
-        return NATIVE
-    return schedule_rule(p, nbytes, host_of)
+        return Choice(NATIVE)
+    if model is None:
+        return Choice(schedule_rule(p, nbytes, host_of))
+    return model.choose(nbytes, host_of, itemsize)
+
+
+def allreduce(name: str, p: int, nbytes: int, host_of: tuple[int, ...], caps: Capabilities,
+              model: Model | None = None, itemsize: int = 4) -> str:
+    """The algorithm of :func:`allreduce_choice`."""
+    return allreduce_choice(name, p, nbytes, host_of, caps, model, itemsize).algorithm
+
+
+_installed: Model | None = None
+
+
+def install(model: Model | None) -> Model | None:
+    """Make ``model`` the process's cost model for ``"auto"`` (None: back to the size rule); returns
+    the one it replaces. Every rank must install a model built from the same constants (the runtime
+    does so from the calibration profile every rank loads)."""
+    global _installed
+    if model is not None and not isinstance(model, Model):
+        raise TypeError(f"install() takes a select.Model or None, got {type(model).__name__}")
+    previous, _installed = _installed, model
+    return previous
+
+
+def installed() -> Model | None:
+    """The installed cost model, or None."""
+    return _installed
 
 
 def allgather(name: str | None) -> str:

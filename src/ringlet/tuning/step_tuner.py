@@ -1,8 +1,9 @@
 """Choosing a training front end's reduction while it trains, by timing its steps.
 
-:class:`TrialPlan` says which candidates go on trial: the configured all-reduce algorithm, with
-``"direct"`` beside ``"auto"`` on 3-8 ranks, and each of those ``+factors`` where some layers may be
-reduced from sufficient factors. :class:`StepTuner` times the steps (the wall time from one step's
+:class:`TrialPlan` says which candidates go on trial: the configured all-reduce algorithm, beside
+``"auto"`` the cost model's best other algorithms for the buckets in use when a model is given (else
+``"direct"`` on 3-8 ranks), and each of those ``+factors`` where some layers may be reduced from
+sufficient factors. :class:`StepTuner` times the steps (the wall time from one step's
 start to the next, counted only for steps that reduced something), hands the candidates out in turn
 (:class:`~ringlet.tuning.online.OnlineChoice`: five trial steps each, up to twenty while the medians are
 too close to call, a challenger must be faster by more than 3%), and when a decision is due sums the
@@ -15,8 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .online import Decision, OnlineChoice
+
+if TYPE_CHECKING:
+    from .model import Model
 
 __all__ = ["TrialPlan", "StepTuner", "FACTORS"]
 
@@ -39,14 +44,27 @@ class TrialPlan:
     timing: bool
     factors: bool
     resolve: Callable[[str], str] = _same
+    model: "Model | None" = None
+    buckets: tuple[int, ...] = ()
+    host_of: tuple[int, ...] = ()
+    itemsize: int = 4
+    alternatives: int = 2
 
     def candidates(self) -> tuple[str, ...]:
-        """The candidates, the static choice first. ``direct`` sends p(p-1) messages per step, so it is
-        tried on small groups only; an explicit or forced algorithm is the user's choice."""
+        """The candidates, the static choice first. With a cost ``model`` (and the ``buckets``' sizes in
+        bytes, the group's ``host_of`` and the gradients' ``itemsize``), ``"auto"`` is tried against the
+        ``alternatives`` algorithms of least predicted time over those buckets
+        (:meth:`~ringlet.tuning.model.Model.top_algorithms`): the trial settles what the model cannot
+        see, such as computation competing with communication. Without one, ``direct`` (it sends
+        p(p-1) messages per step) is tried on small groups only. An explicit or forced algorithm is the
+        user's choice."""
         base: tuple[str, ...] = (self.algorithm,)
-        if (self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto"
-                and 3 <= self.size <= 8):
-            base = ("auto", "direct")
+        if self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto":
+            if self.model is not None and self.buckets:
+                host_of = self.host_of or (0,) * self.size
+                base += self.model.top_algorithms(self.buckets, host_of, self.itemsize, self.alternatives)
+            elif 3 <= self.size <= 8:
+                base = ("auto", "direct")
         if self.timing and self.factors:
             base += (base[0] + FACTORS,)
         return base

@@ -1,0 +1,70 @@
+"""``ringlet tune``: calibrate the network model of a job's cluster and save its profile.
+
+Outside a job it launches itself (``-np``, ``--transport``, ``--hosts``, ``--cluster`` as for
+``ringlet bench``); inside one every rank calibrates (:func:`ringlet.tuning.calibrate.calibrate`) and
+rank 0 prints the constants and the fingerprint and saves the profile (default: the per-user cache,
+where ``ringlet.init()`` of a job with the same fingerprint finds it).
+
+    ringlet tune -np 4 --transport shm
+    ringlet tune --cluster --out cluster-4x1.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+
+from ..bench.job import inside_job, strip_launch_args
+from ..launch import LaunchError, run
+
+_NOISY = 0.25  # RMS relative residual beyond which the fit is reported as unreliable
+
+
+@click.command("tune", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-np", "--np", "np_", type=int, default=None,
+              help="Ranks to launch (outside a job; default: all slots of --hosts/--cluster, else 2).")
+@click.option("--transport", default=None, help="torch, shm or mpi (outside a job; default: as ringlet run).")
+@click.option("-H", "--hosts", default=None, help="Host list NAME:SLOTS,... (outside a job).")
+@click.option("--cluster", is_flag=True, help="Run on the emulated hosts of `ringlet cluster up`.")
+@click.option("--out", "out", default="", help="Profile path (default: the per-user cache, "
+              "$RINGLET_PROFILE_DIR or ~/.cache/ringlet/profiles/<fingerprint>.json).")
+@click.option("--quick", is_flag=True, help="The quick plan (what RINGLET_TUNE=auto runs at init).")
+def tune_cli(np_, transport, hosts, cluster, out, quick):
+    """Measure alpha and beta per link class and gamma on this cluster; save the profile."""
+    if not inside_job():
+        cmd = [sys.executable, "-m", "ringlet.cli.main", "tune"] + strip_launch_args(sys.argv[2:])
+        np_ = np_ if np_ is not None or hosts or cluster else 2
+        try:
+            sys.exit(run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster))
+        except LaunchError as exc:
+            raise click.ClickException(str(exc)) from None
+    sys.exit(_tune_in_job(out, "quick" if quick else "full"))
+
+
+def _tune_in_job(out: str, plan: str) -> int:
+    import ringlet
+    from ringlet.tuning.calibrate import calibrate
+    from ringlet.tuning.profile import cache_path
+
+    rt = ringlet.init(options=dataclasses.replace(ringlet.Options.from_env(), tune="off"))
+    prof = calibrate(rt, plan)
+    if rt.rank == 0:
+        path = out or cache_path(prof.fingerprint)
+        prof.save(path)
+        fp = prof.fingerprint
+        print(f"# ringlet tune: {fp.describe()}, plan {plan}, {prof.info['seconds']:.1f} s", flush=True)
+        print(prof.network.table())
+        info = prof.info
+        print(f"per operation (not in the table): {info['op_overhead'] * 1e6:.2f} us executing a schedule, "
+              f"{info['check_overhead'] * 1e6:.2f} us the metadata check")
+        for cls, fit in sorted(info["fit"].items()):
+            print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
+                  f"RMS relative residual {100 * fit['residual']:.0f}%")
+            if fit["residual"] > _NOISY:
+                print(f"# warning: the {cls} timings scatter {100 * fit['residual']:.0f}% around the fit (a busy "
+                      "machine or an unsteady link); calibrate again when it is quiet", flush=True)
+        print(f"fingerprint {fp.key}  (ranks {fp.ranks}, layout {list(fp.layout)}, transport {fp.transport})")
+        print(f"saved {path}", flush=True)
+    ringlet.shutdown()
+    return 0

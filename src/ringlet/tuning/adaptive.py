@@ -1,0 +1,292 @@
+"""Dynamic adjustment: the cost model's constants corrected from measured collectives while training
+runs, algorithm switches with hysteresis, and a proposed bucket (fusion) size. Framework-free: the
+caller times its collectives, runs the one small all-reduce, logs and applies what comes back.
+
+Protocol (every rank, at the same steps)::
+
+    adaptive = Adaptive(model, host_of)              # model: the installed select.Model
+    adaptive.track({"bucket0": nbytes0, ...})        # the ops the caller wants switch events for
+    adaptive.set_gradient(total_bytes, bucket_bytes) # optional: to have bucket sizes proposed
+    ... each step:
+    adaptive.record(algorithm, nbytes, seconds, segment_bytes)   # per measured collective (this rank's)
+    adaptive.record_backward(seconds)                            # optional, once per step
+    ... every few steps (the same steps on every rank):
+    summed = sum_over_ranks(adaptive.numbers())      # a fixed-length list of floats (NUMBERS of them)
+    for switch in adaptive.apply(summed, step):      # identical on every rank
+        log(switch); timeline.mark(switch)
+    bucket = adaptive.bucket_bytes                   # re-bucket when a "bucket_bytes" switch said so
+
+**Correction.** A measurement ``y`` of an all-reduce is compared with the model's terms for it under
+the calibrated constants ``x = (α_intra, α_inter, β_intra, β_inter, γ)`` parts (from
+:meth:`~ringlet.tuning.model.Model.predict`). The corrected model is the calibrated one with each
+constant scaled by a factor ``f_j``, so predicts ``x·f``. Factors are fitted by least squares on
+relative errors (rows ``x/(x·f)``, targets ``y/(x·f)``) over a rolling window of this rank's last
+``window`` measurements, weighted by age (half-life ``half_life`` measurements); a measurement whose
+ratio to the prediction is off the median of its neighbours by more than ``outlier``× gets weight 0
+(one slow step does not move the model; a lasting change passes after two measurements). The normal
+equations are summed over ranks; :meth:`apply` solves them with a small ridge pulling towards the
+calibrated constants, stronger on α than on β (what the measured sizes cannot separate, e.g. α from β
+at nearby sizes, is put on the bandwidth: a link's rate is what changes while a job runs); a constant
+whose part of the measured times is below ``min_share`` (root mean square) keeps its factor. The
+solve runs in plain Python arithmetic, so every rank gets the same factors bit for bit.
+
+**Switching.** The installed model (what ``"auto"`` uses) changes only at a switch: when, for some
+tracked op, the corrected model's best choice beats the installed model's choice (both predicted by
+the corrected model) by more than ``margin``, at ``confirmations`` consecutive agreements, and the
+last switch is at least ``min_steps`` steps back. Then the corrected constants are installed and one
+:class:`Switch` per tracked op whose choice changed is returned. The bucket size follows the same
+rule with its own streak: the proposal minimises the communication left after the backward pass
+(buckets become ready uniformly over the measured backward time and are reduced one after another).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .model import Choice, Model
+from .network import INTER, INTRA, LinkCost, Network
+
+__all__ = ["Adaptive", "Policy", "Switch", "FEATURES", "NUMBERS"]
+
+FEATURES = (f"alpha.{INTRA}", f"alpha.{INTER}", f"beta.{INTRA}", f"beta.{INTER}", "gamma")
+_F = len(FEATURES)
+_PAIRS = [(i, j) for i in range(_F) for j in range(i, _F)]
+NUMBERS = len(_PAIRS) + _F + 3  # normal matrix (upper triangle), right-hand side, weight, backward sum and count
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How eagerly the model follows measurements (see the module doc). ``ValueError`` when out of range."""
+
+    margin: float = 0.10
+    confirmations: int = 3
+    min_steps: int = 50
+    window: int = 64
+    half_life: float = 4.0
+    outlier: float = 3.0
+    ridge: tuple[float, float, float] = (0.005, 0.0002, 0.002)  # for the α, β and γ factors
+    min_share: float = 0.1
+    bounds: tuple[float, float] = (0.02, 50.0)
+    bucket_sizes: tuple[int, ...] = tuple(MIB << i for i in range(7))  # 1..64 MiB
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.margin < 1 and self.confirmations >= 1 and self.min_steps >= 0 and self.window >= 1
+                and self.half_life > 0 and self.outlier > 1 and len(self.ridge) == 3 and min(self.ridge) > 0 and 0 <= self.min_share < 1
+                and 0 < self.bounds[0] < 1 < self.bounds[1] and self.bucket_sizes
+                and all(b >= 1 for b in self.bucket_sizes)):
+            raise ValueError(f"policy out of range: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """A change the caller logs and marks on the timeline: ``op`` (a tracked op's key, or
+    ``"bucket_bytes"``), what it was and is now, and why."""
+
+    op: str
+    old: str
+    new: str
+    reason: str
+
+
+class Adaptive:
+    """The online corrector and switch policy over ``model`` (the installed :class:`Model`) for a group
+    on hosts ``host_of`` (see the module doc for the protocol). Not thread-safe: one caller thread."""
+
+    def __init__(self, model: Model, host_of: Sequence[int], *, itemsize: int = 4, policy: Policy = Policy()):
+        self.model = model
+        self.host_of = tuple(host_of)
+        self.itemsize = itemsize
+        self.policy = policy
+        self.calibrated = model.network
+        self.factors = [1.0] * _F
+        self.fitted = model.network
+        self._samples: collections.deque = collections.deque(maxlen=policy.window)
+        self._backward: collections.deque = collections.deque(maxlen=policy.window)
+        self._features: dict = {}
+        self._ops: dict[str, int] = {}
+        self._gradient: int | None = None
+        self.bucket_bytes: int | None = None
+        self._streak = {"model": 0, "bucket": 0}
+        self._last = {"model": -math.inf, "bucket": -math.inf}
+
+    # ---- local measurements -------------------------------------------------------------------
+    def track(self, ops: Mapping[str, int]) -> None:
+        """The ops (key -> bytes) whose choice switches are reported; replaces the previous set.
+        Every rank must track the same ops."""
+        self._ops = {str(k): int(v) for k, v in ops.items()}
+
+    def set_gradient(self, total_bytes: int, bucket_bytes: int) -> None:
+        """Bytes reduced per step and the bucket size in use: enables bucket size proposals."""
+        if total_bytes < 1 or bucket_bytes < 1:
+            raise ValueError(f"need positive sizes, got {total_bytes} and {bucket_bytes}")
+        self._gradient, self.bucket_bytes = int(total_bytes), int(bucket_bytes)
+
+    def record(self, algorithm: str, nbytes: int, seconds: float, segment_bytes: int | None = None) -> None:
+        """One measured all-reduce on this rank. Algorithms without a schedule (``native``), empty
+        messages and non-positive times are ignored."""
+        if nbytes <= 0 or not seconds > 0 or not math.isfinite(seconds):
+            return
+        try:
+            x = self._terms(algorithm, int(nbytes), segment_bytes)
+        except ValueError:
+            return
+        if sum(x) > 0:
+            self._samples.append((x, float(seconds)))
+
+    def record_backward(self, seconds: float) -> None:
+        """This rank's backward time of one step (for bucket size proposals)."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._backward.append(float(seconds))
+
+    def _terms(self, algorithm: str, nbytes: int, segment_bytes: int | None) -> tuple[float, ...]:
+        key = (algorithm, nbytes, segment_bytes)
+        x = self._features.get(key)
+        if x is None:
+            pred = self.model.predict(Choice(algorithm, segment_bytes), nbytes, self.host_of, self.itemsize,
+                                      self.calibrated)
+            x = self._features[key] = tuple(pred.terms[f] for f in FEATURES)
+            if len(self._features) > 4096:
+                self._features.pop(next(iter(self._features)))
+        return x
+
+    def numbers(self) -> list[float]:
+        """This rank's contribution to the agreement (:data:`NUMBERS` floats) — sum over ranks, then
+        :meth:`apply`."""
+        rows = []
+        for x, y in self._samples:
+            pred = sum(a * f for a, f in zip(x, self.factors))
+            rows.append(([a / pred for a in x], y / pred))
+        n = len(rows)
+        logs = [math.log(t) for _, t in rows]
+        decay = 0.5 ** (1.0 / self.policy.half_life)
+        mat, rhs, weight = [0.0] * len(_PAIRS), [0.0] * _F, 0.0
+        for i, (a, t) in enumerate(rows):
+            near = statistics.median(logs[max(0, i - 2):i + 3])
+            if abs(logs[i] - near) > math.log(self.policy.outlier):
+                continue
+            w = decay ** (n - 1 - i)
+            for k, (p, q) in enumerate(_PAIRS):
+                mat[k] += w * a[p] * a[q]
+            for p in range(_F):
+                rhs[p] += w * a[p] * t
+            weight += w
+        return mat + rhs + [weight, sum(self._backward), float(len(self._backward))]
+
+    # ---- agreed decisions ---------------------------------------------------------------------------
+    def apply(self, summed: Sequence[float], step: int) -> list[Switch]:
+        """Update the corrected constants from ``summed`` (:meth:`numbers` summed over ranks) and
+        return the switches made at ``step`` (the same on every rank). ``ValueError`` for a list of the
+        wrong length."""
+        if len(summed) != NUMBERS:
+            raise ValueError(f"expected {NUMBERS} numbers, got {len(summed)}")
+        summed = [float(v) for v in summed]
+        self._fit(summed)
+        events = self._algorithms(step)
+        if summed[-1] > 0:
+            events += self._bucket(step, summed[-2] / summed[-1])
+        return events
+
+    def _fit(self, summed: list[float]) -> None:
+        weight = summed[len(_PAIRS) + _F]
+        if not weight > 0:
+            return
+        mat = [[0.0] * _F for _ in range(_F)]
+        for k, (p, q) in enumerate(_PAIRS):
+            mat[p][q] = mat[q][p] = summed[k]
+        rhs = summed[len(_PAIRS):len(_PAIRS) + _F]
+        ra, rb, rg = self.policy.ridge
+        for p, r in enumerate((ra, ra, rb, rb, rg)):
+            if mat[p][p] < self.policy.min_share ** 2 * weight:  # too small a part of the measured times:
+                mat[p][p] += 1e6 * weight                         # keep the factor in force
+                rhs[p] += 1e6 * weight * self.factors[p]
+            else:
+                mat[p][p] += r * weight
+                rhs[p] += r * weight  # towards the calibrated constants (factor 1)
+        lo, hi = self.policy.bounds
+        self.factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
+        c, f = self.calibrated, self.factors
+        self.fitted = Network({INTRA: LinkCost(c[INTRA].alpha * f[0], c[INTRA].beta * f[2]),
+                               INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, c.gamma * f[4])
+
+    def _due(self, kind: str, better: bool, step: int) -> bool:
+        """Hysteresis: ``better`` at enough consecutive agreements, and far enough from the last switch."""
+        self._streak[kind] = self._streak[kind] + 1 if better else 0
+        if self._streak[kind] >= self.policy.confirmations and step - self._last[kind] >= self.policy.min_steps:
+            self._streak[kind], self._last[kind] = 0, step
+            return True
+        return False
+
+    def _algorithms(self, step: int) -> list[Switch]:
+        m, h, item = self.model, self.host_of, self.itemsize
+        gains = []
+        for key in sorted(self._ops):
+            nbytes = self._ops[key]
+            now = m.seconds(m.choose(nbytes, h, item), nbytes, h, item, self.fitted)
+            best = m.best(nbytes, h, item, network=self.fitted)
+            if best.seconds < now * (1 - self.policy.margin):
+                gains.append(key)
+        if not self._due("model", bool(gains), step):
+            return []
+        before = {key: m.choose(n, h, item) for key, n in sorted(self._ops.items())}
+        m.set_network(self.fitted)
+        scale = ", ".join(f"{name} x{f:.2f}" for name, f in zip(FEATURES, self.factors) if f != 1.0)
+        events = []
+        for key, old in before.items():
+            n = self._ops[key]
+            new = m.choose(n, h, item)
+            if new != old:
+                a, b = m.seconds(old, n, h, item), m.seconds(new, n, h, item)
+                events.append(Switch(key, old.describe(), new.describe(),
+                                     f"predicted {a * 1e3:.3f} ms -> {b * 1e3:.3f} ms; corrected: {scale or 'none'}"))
+        return events
+
+    def exposed(self, bucket_bytes: int, backward_seconds: float) -> float:
+        """Predicted communication left after a backward pass of ``backward_seconds`` with buckets of
+        ``bucket_bytes`` (corrected constants, each bucket at its best choice)."""
+        total, item = self._gradient or 0, self.itemsize
+        size = max(item, bucket_bytes // item * item)
+        full, rest = divmod(total, size)
+        times = {s: self.model.best(s, self.host_of, item, network=self.fitted).seconds for s in {size, rest} if s}
+        done, sent = 0.0, 0
+        for s in [size] * full + ([rest] if rest else []):
+            sent += s
+            done = max(done, backward_seconds * sent / total) + times[s]
+        return max(0.0, done - backward_seconds)
+
+    def _bucket(self, step: int, backward: float) -> list[Switch]:
+        if self._gradient is None or self.bucket_bytes is None:
+            return []
+        cost = {b: self.exposed(b, backward) for b in self.policy.bucket_sizes}
+        best = min(self.policy.bucket_sizes, key=lambda b: (cost[b], b))
+        now = self.exposed(self.bucket_bytes, backward)
+        if not self._due("bucket", best != self.bucket_bytes and cost[best] < now * (1 - self.policy.margin), step):
+            return []
+        old, self.bucket_bytes = self.bucket_bytes, best
+        return [Switch("bucket_bytes", str(old), str(best),
+                       f"exposed communication {now * 1e3:.3f} ms -> {cost[best] * 1e3:.3f} ms "
+                       f"(backward {backward * 1e3:.1f} ms)")]
+
+
+def _solve(mat: list[list[float]], rhs: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting in Python floats (the same bits on every machine)."""
+    n = len(rhs)
+    a = [row[:] + [rhs[i]] for i, row in enumerate(mat)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: (abs(a[r][c]), -r))
+        a[c], a[piv] = a[piv], a[c]
+        if a[c][c] == 0.0:
+            continue
+        for r in range(c + 1, n):
+            k = a[r][c] / a[c][c]
+            if k:
+                for j in range(c, n + 1):
+                    a[r][j] -= k * a[c][j]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        s = a[r][n] - sum(a[r][j] * x[j] for j in range(r + 1, n))
+        x[r] = s / a[r][r] if a[r][r] else 0.0
+    return x

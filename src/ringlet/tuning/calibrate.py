@@ -1,0 +1,231 @@
+"""Calibration: measure the network constants (α, β per link class, γ) on the live job.
+
+Run by every rank of a job at once (``ringlet tune``, or ``ringlet.init()`` with ``RINGLET_TUNE=auto``);
+every rank returns the identical :class:`~ringlet.tuning.profile.Profile`.
+
+Protocol (docs/tuning.md gives the reasons):
+
+1. **Links.** For each link class that occurs in the job's host layout, a *shift pattern*
+   (:func:`~ringlet.tuning.probe.shift_pattern`): ``intra`` — every rank sends to the next rank of its
+   host; ``inter`` — every rank sends to its counterpart on the next host. All ranks send at once, as
+   in an algorithm's step, so a host's uplink carries its ranks' transfers together (``sharing``,
+   counted with :meth:`Topology.links`, as the cost model counts it).
+2. The pattern is run as a *chain* of dependent steps (each rank forwards what it just received, as a
+   ring step does) through the executor and the transport's ``isend``/``irecv``, so what is measured
+   is what a collective's steps cost on this path: Python dispatch, transport and wire. Every transfer
+   is one message (the chain runs with a segment as large as its messages): the constants are those
+   of one segment, and how segments pipeline is the cost model's part, not folded into α and β. Each
+   size (``plan.sizes``, ascending) is timed at two chain lengths (``plan.chains``, alternating),
+   ``plan.reps`` times each (three times as often up to 64 KiB), after a barrier (small sizes several
+   times back to back per timing); a sample's time is the slowest rank's, and the median over
+   repetitions is kept.
+3. **Fit.** :func:`~ringlet.tuning.fit.fit_link` on ``seconds = overhead + steps·(α + sharing·b·β)``:
+   relative least squares, non-negative, one round of outlier rejection. ``overhead`` (per executed
+   operation, not per step) is reported in ``info`` (``op_overhead``), not in the :class:`Network`; so
+   is ``check_overhead``, the time of the metadata agreement a checked collective makes before its
+   data moves (slowest rank, median).
+4. **γ.** Every rank times ``dst.add_(src)`` on float32 buffers of ``plan.gamma_sizes`` (cut to the
+   segment size: the executor reduces one segment at a time) at the same time (the ranks of a host
+   share its CPUs, as reductions in a collective do), the destination moving through 64 MiB so it
+   comes from memory as a large buffer's does; per-size medians are averaged over ranks and
+   :func:`~ringlet.tuning.fit.fit_gamma` gives seconds per byte.
+5. **Agreement.** Timings travel between ranks (all-gather) after every size, so every decision (the
+   time budget drops the sizes from the first whose projected cost — its time per step extrapolated
+   from the two sizes before — would exceed it) is taken on identical numbers; the profile rank 0
+   builds is broadcast, so every rank holds the same bytes.
+
+A class absent from the layout (one host; one rank per host) is not measured; its row copies the
+measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .fit import LinkFit, Sample, fit_gamma, fit_link
+from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
+from .probe import Prober, chain, sharing, shift_pattern
+from .profile import Fingerprint, Profile
+from .shared import broadcast_bytes
+
+KiB, MiB = 1 << 10, 1 << 20
+_BUDGET_SHARE = {INTRA: 0.4, INTER: 0.5}  # of plan.budget_s per class; γ takes what is left
+_GAMMA_SPAN = 64 * MiB  # destinations of the γ timings cycle through this much memory
+_ALWAYS = 3  # the first sizes are measured whatever the budget says (the fit needs them)
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What :func:`calibrate` measures. ``sizes``: bytes per transfer (ascending; ≥ 4); ``chains``: two
+    distinct step counts; ``reps``: timings per (size, chain length); ``gamma_sizes``: bytes added per
+    reduction timing; ``budget_s``: seconds the link measurements may take (sizes beyond it are
+    dropped, never the first three)."""
+
+    name: str
+    sizes: tuple[int, ...]
+    chains: tuple[int, int]
+    reps: int
+    gamma_sizes: tuple[int, ...]
+    budget_s: float
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < _ALWAYS or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 4:
+            raise ValueError(f"plan {self.name!r}: need >= {_ALWAYS} distinct ascending sizes >= 4 B, got {self.sizes}")
+        if len(set(self.chains)) != 2 or min(self.chains) < 1:
+            raise ValueError(f"plan {self.name!r}: need two distinct chain lengths >= 1, got {self.chains}")
+        if self.reps < 1 or not self.budget_s > 0:
+            raise ValueError(f"plan {self.name!r}: need reps >= 1 and budget_s > 0")
+        if len({s for s in self.gamma_sizes if s >= 4}) < 2:
+            raise ValueError(f"plan {self.name!r}: need two distinct gamma sizes >= 4 B, got {self.gamma_sizes}")
+
+
+PLANS: dict[str, CalibrationPlan] = {
+    "full": CalibrationPlan("full", (4, KiB, 16 * KiB, 128 * KiB, MiB, 4 * MiB, 16 * MiB), (1, 4), 5,
+                            (64 * KiB, MiB, 4 * MiB, 16 * MiB), 20.0),
+    "quick": CalibrationPlan("quick", (4, 16 * KiB, 256 * KiB, MiB, 4 * MiB), (1, 3), 3,
+                             (256 * KiB, 4 * MiB), 6.0),
+}
+
+
+def plan_named(name: str) -> CalibrationPlan:
+    """The plan called ``name`` (``full``, ``quick``); ``ValueError`` for another name."""
+    try:
+        return PLANS[name]
+    except KeyError:
+        raise ValueError(f"unknown calibration plan {name!r}; choose one of {', '.join(PLANS)}") from None
+
+
+def _repeat(nbytes: int) -> int:
+    """Back-to-back runs per timing: more for small sizes, so a barrier's exit skew is amortised."""
+    return max(1, min(8, (64 * KiB) // max(nbytes, 1)))
+
+
+def _reps(plan: CalibrationPlan, nbytes: int) -> int:
+    """Timings per chain length: three times the plan's up to 64 KiB, where they cost little and the
+    noise of a shared machine is largest relative to the time."""
+    return plan.reps * (3 if nbytes <= 64 * KiB else 1)
+
+
+class _ClassRun:
+    """Measuring one link class: its pattern, samples and the agreed seconds spent so far."""
+
+    def __init__(self, prober: Prober, cls: str, host_of: Sequence[int], plan: CalibrationPlan):
+        self.prober, self.cls, self.plan = prober, cls, plan
+        self.pattern = shift_pattern(host_of, cls)
+        self.sharing = sharing(self.pattern, Topology(tuple(host_of)))
+        self.samples: list[Sample] = []
+        self.spent = 0.0
+
+    def measure(self, budget: float) -> list[Sample]:
+        p = self.prober.group.size
+        buf = torch.ones(3 * (self.plan.sizes[-1] // 4), dtype=torch.float32)
+        per_step: list[tuple[int, float]] = []  # (bytes, agreed seconds per step) of each size measured
+        for i, size in enumerate(self.plan.sizes):
+            if i >= _ALWAYS and self.spent + self._projected(size, per_step) > budget:
+                break  # every rank decides on the same agreed numbers
+            count = size // 4
+            per_step.append((size, self._measure_size(p, count, buf[:3 * count])))
+        return self.samples
+
+    def _projected(self, size: int, per_step: list[tuple[int, float]]) -> float:
+        """Seconds that measuring ``size`` would take: the time per step extrapolated linearly from the
+        last two sizes (never below the last), times the steps its timings run."""
+        (b1, t1), (b2, t2) = per_step[-2:]
+        tau = t2 + max(0.0, (t2 - t1) / (b2 - b1)) * (size - b2)
+        runs = _reps(self.plan, size) * _repeat(size) + 1
+        return runs * tau * sum(self.plan.chains)
+
+    def _measure_size(self, p: int, count: int, buf: torch.Tensor) -> float:
+        """Time ``count`` elements per transfer at both chain lengths; add the samples; return the agreed
+        seconds per step of the longer chain."""
+        plan, repeat = self.plan, _repeat(count * 4)
+        scheds = [chain(self.pattern, p, count, steps) for steps in plan.chains]
+        for s in scheds:
+            self.prober.time_chain(s, buf, 1)  # warm-up: plans compiled, transport buffers set up
+        reps = _reps(plan, count * 4)
+        mine = [self.prober.time_chain(s, buf, repeat) for _ in range(reps) for s in scheds]
+        agreed = self.prober.gather(mine).max(axis=0).reshape(reps, len(scheds))
+        medians = [max(float(np.median(agreed[:, j])), 1e-9) for j in range(len(scheds))]
+        for steps, t in zip(plan.chains, medians):
+            self.samples.append(Sample(count * 4, steps, self.sharing, t))
+        self.spent += float(agreed.sum()) * (repeat + 1 / reps)
+        longest = int(np.argmax(plan.chains))
+        return medians[longest] / plan.chains[longest]
+
+
+def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) -> tuple[float, float, list]:
+    """Per-size medians of an in-place float32 addition, averaged over ranks, and the fit. Sizes beyond
+    the executor's segment are cut to it (the executor never reduces more at once); destinations cycle
+    through ``_GAMMA_SPAN`` bytes of memory."""
+    sizes = sorted({min(s, max(segment_bytes, 8)) // 4 * 4 for s in plan.gamma_sizes if s >= 4})
+    if len(sizes) < 2:
+        sizes = [sizes[0] // 2 // 4 * 4 or 4, sizes[0]]
+    big = max(_GAMMA_SPAN, 2 * sizes[-1]) // 4
+    dst, src = torch.ones(big, dtype=torch.float32), torch.full((sizes[-1] // 4,), 0.5, dtype=torch.float32)
+    medians = []
+    for size in sizes:
+        n, repeat = size // 4, max(2, min(64, (8 * MiB) // size))
+        dsts = [dst[i:i + n] for i in range(0, big - n + 1, n)]
+        prober.time_add(dsts, src[:n], 1)
+        medians.append(statistics.median(prober.time_add(dsts, src[:n], repeat) for _ in range(plan.reps)))
+    mean = prober.gather(medians).mean(axis=0)
+    gamma, per_call = fit_gamma(sizes, mean.tolist())
+    return gamma, per_call, [[s, float(t)] for s, t in zip(sizes, mean)]
+
+
+def _network(fits: dict[str, LinkFit], gamma: float) -> Network:
+    links = {c: LinkCost(f.alpha, f.beta) for c, f in fits.items()}
+    for c in LINK_CLASSES:
+        if c not in links:
+            links[c] = next(iter(links.values())) if links else LinkCost(0.0, 0.0)
+    return Network(links, gamma)
+
+
+def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
+    t0 = time.perf_counter()
+    prober = Prober(rt)
+    fits: dict[str, LinkFit] = {}
+    samples: dict[str, list] = {}
+    for cls in LINK_CLASSES:
+        run = _ClassRun(prober, cls, host_of, plan)
+        if not run.pattern:
+            continue
+        got = run.measure(plan.budget_s * _BUDGET_SHARE[cls])
+        fits[cls] = fit_link(got)
+        samples[cls] = {"sharing": run.sharing,
+                        "points": [[s.nbytes, s.steps, s.seconds] for s in got]}
+    gamma, per_add, gamma_points = _measure_gamma(prober, plan, rt.options.segment_bytes)
+    check = [prober.time_check(8) for _ in range(plan.reps)]
+    check_s = float(np.median(prober.gather(check).max(axis=0)))
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
+            "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
+            "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},
+            "op_overhead": max((f.overhead for f in fits.values()), default=0.0), "check_overhead": check_s,
+            "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points},
+            "hostnames": list(rt.hostnames)}
+    return Profile(Fingerprint.of(host_of, rt.transport.name), _network(fits, gamma), info)
+
+
+def calibrate(rt, plan: CalibrationPlan | str = "full", *, host_of: Sequence[int] | None = None) -> Profile:
+    """Measure this job's network (see the module's protocol) and return its profile, identical on every
+    rank. A collective of ``rt``'s world: every rank calls it with the same arguments, in order with its
+    other collectives. ``host_of`` replaces the job's host layout (tests give several hosts to one
+    machine); ``plan``: a :class:`CalibrationPlan` or a name in :data:`PLANS`. A 1-rank job measures γ
+    only. ``ValueError`` for an unknown plan name or a ``host_of`` of the wrong length."""
+    plan = plan_named(plan) if isinstance(plan, str) else plan
+    layout = tuple(rt.world.host_of if host_of is None else host_of)
+    if len(layout) != rt.size:
+        raise ValueError(f"host_of names {len(layout)} ranks; the job has {rt.size}")
+
+    def job() -> Profile:
+        mine = _measure(rt, plan, layout)
+        data = broadcast_bytes(rt, json.dumps(mine.to_dict()).encode() if rt.rank == 0 else None)
+        return Profile.from_dict(json.loads(data))
+
+    return rt.submit(job, sync=True).wait()

@@ -1,0 +1,136 @@
+"""Fitting the network constants to timings: pure numbers, no communication.
+
+A link-class sample is one timed chain of steps (see :mod:`ringlet.tuning.calibrate`): ``steps``
+dependent steps in which every participating rank sends ``nbytes`` to its partner as one message, with
+at most ``sharing`` transfers on one link. Under the timing model shared by the cost model and the
+simulator it takes
+
+    seconds = overhead + steps · (alpha + sharing · nbytes · beta)
+
+(``overhead``: what one executed operation costs beyond its steps). :func:`fit_link` finds
+``alpha``, ``beta`` and ``overhead`` (all >= 0) minimising the *relative* squared error, so that a
+microsecond at 4 bytes weighs as much as a millisecond at 16 MiB, and drops outliers once.
+:func:`fit_gamma` finds the per-byte reduction cost from timed in-place additions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+_OUTLIER_MADS = 5.0     # residuals beyond this many scaled median absolute deviations are outliers...
+_OUTLIER_FLOOR = 0.25   # ...and beyond this relative error: small noise never makes an outlier
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One timed chain: ``seconds`` for ``steps`` steps of one ``nbytes`` message per transfer, with
+    ``sharing`` transfers per link."""
+
+    nbytes: int
+    steps: int
+    sharing: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0 or self.steps < 1 or self.sharing < 1:
+            raise ValueError(f"bad sample {self}: need nbytes >= 0 and steps, sharing >= 1")
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"bad sample {self}: seconds must be finite and > 0")
+
+    def row(self) -> tuple[float, float, float]:
+        """Coefficients of (overhead, alpha, beta) in this sample's modelled time."""
+        return 1.0, float(self.steps), float(self.steps * self.sharing * self.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFit:
+    """Fitted ``alpha`` (s), ``beta`` (s/B), ``overhead`` (s per operation); ``residual``: RMS
+    relative error of the kept samples; ``kept`` / ``dropped``: how many samples the fit used/rejected."""
+
+    alpha: float
+    beta: float
+    overhead: float
+    residual: float
+    kept: int
+    dropped: int
+
+    def to_dict(self) -> dict:
+        return {"alpha": self.alpha, "beta": self.beta, "overhead": self.overhead, "residual": self.residual,
+                "kept": self.kept, "dropped": self.dropped}
+
+
+def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``x >= 0`` minimising ``|a x - y|``: least squares, then the most negative coefficient is pinned
+    to 0 and the rest refitted until none is negative (exact for the few columns used here)."""
+    free = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0.0
+            x[free] = sol
+            return x
+        free.pop(int(np.argmin(sol)))
+    return x
+
+
+def _weighted(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    t = np.array([s.seconds for s in samples])
+    a = np.array([s.row() for s in samples]) / t[:, None]
+    return a, np.ones(len(samples))
+
+
+def _relative_errors(x: np.ndarray, samples: Sequence[Sample]) -> np.ndarray:
+    a, ones = _weighted(samples)
+    return a @ x - ones
+
+
+def fit_link(samples: Sequence[Sample]) -> LinkFit:
+    """Fit ``overhead``, ``alpha``, ``beta`` to ``samples`` (relative least squares, non-negative), drop
+    the samples whose relative error is an outlier (beyond 5 scaled MADs and 25 %) and refit once.
+    ``ValueError`` with fewer than 3 samples, or without two distinct step counts and two distinct
+    byte counts (the three constants are not determined then)."""
+    samples = list(samples)
+    if len(samples) < 3:
+        raise ValueError(f"fitting alpha, beta and the overhead needs at least 3 samples, got {len(samples)}")
+    if len({s.steps for s in samples}) < 2 or len({s.nbytes for s in samples}) < 2:
+        raise ValueError("fitting needs samples at two chain lengths and two message sizes at least")
+    a, y = _weighted(samples)
+    x = nonnegative_lstsq(a, y)
+    err = _relative_errors(x, samples)
+    mad = 1.4826 * float(np.median(np.abs(err - np.median(err))))
+    keep = np.abs(err) <= max(_OUTLIER_MADS * mad, _OUTLIER_FLOOR)
+    if keep.sum() >= 3 and not keep.all():
+        kept = [s for s, k in zip(samples, keep) if k]
+        if len({s.steps for s in kept}) >= 2 and len({s.nbytes for s in kept}) >= 2:
+            a, y = _weighted(kept)
+            x = nonnegative_lstsq(a, y)
+            samples = kept
+            err = _relative_errors(x, samples)
+        else:
+            keep[:] = True
+    rms = float(np.sqrt(np.mean(err ** 2)))
+    return LinkFit(float(x[1]), float(x[2]), float(x[0]), rms, len(samples), int((~keep).sum()))
+
+
+def fit_gamma(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """``(gamma, per_call)``: seconds per byte and per call of an in-place addition, from the time of one
+    addition of each size (relative least squares, non-negative). Timings too noisy to show any growth
+    with size (a slope of 0) give the largest size's time per byte and no per-call part (an upper
+    bound). ``ValueError`` without two distinct positive sizes or with a time that is not finite and
+    positive."""
+    b = np.asarray(nbytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if b.shape != t.shape or len(set(b[b > 0].tolist())) < 2:
+        raise ValueError("fitting gamma needs timings at two distinct positive sizes at least")
+    if not (np.isfinite(t).all() and (t > 0).all()):
+        raise ValueError(f"addition timings must be finite and > 0, got {t.tolist()}")
+    a = np.stack([np.ones_like(b), b], axis=1) / t[:, None]
+    x = nonnegative_lstsq(a, np.ones_like(t))
+    if x[1] <= 0:
+        big = int(np.argmax(b))
+        return float(t[big] / b[big]), 0.0
+    return float(x[1]), float(x[0])
