@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ringlet.sim import simulate, size_range
+from ringlet.sim import predicted, simulate, size_range
 from ringlet.tuning.network import INTER, LinkCost, Network, Topology
 
 GiB = 1 << 30
@@ -55,12 +55,12 @@ def test_torus_steps_on_a_near_square_grid(p):
     assert r.steps == pytest.approx(4 * (math.sqrt(p) - 1), rel=0.1)
 
 
-def crossover(p: int, segment) -> int:
+def crossover(p: int, segment, how=simulate) -> int:
     """The smallest size of 1K..1G at which the ring beats the tree on ``p`` ranks, one per host."""
     topo = Topology.uniform(p, 1)
     for n in size_range("1K:1G"):
-        if simulate("allreduce", "ring", n, topo, NET, segment).seconds < \
-                simulate("allreduce", "tree", n, topo, NET, segment).seconds:
+        ring = how("allreduce", "ring", n, topo, NET, segment).seconds
+        if ring < how("allreduce", "tree", n, topo, NET, segment).seconds:
             return n
     return 2 * GiB
 
@@ -70,6 +70,25 @@ def test_ring_tree_crossover_grows_with_ranks(segment):
     """The ring pays 2(p-1) latencies, the tree 2log₂p: the size where the ring starts to win grows with p."""
     sizes = [crossover(p, segment) for p in (8, 32, 128)]
     assert sizes[0] < sizes[1] < sizes[2] <= GiB
+
+
+@pytest.mark.parametrize("p", [8, 32, 128])
+def test_ring_tree_crossover_is_where_the_cost_model_puts_it(p):
+    assert crossover(p, None) == crossover(p, None, predicted)
+
+
+@pytest.mark.parametrize("p", [2, 5, 8, 12])
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "recursive_doubling", "direct", "torus"])
+def test_replay_agrees_with_the_cost_model_without_shared_links(p, algorithm):
+    """One rank per host, whole transfers: the replay and the step-synchronous cost model within 5%.
+    (Folded recursive doubling with γ > 0 replays faster than the step-synchronous sum, see
+    test_recursive_doubling_folds_extra_ranks: compared without γ.)"""
+    topo = Topology.uniform(p, 1)
+    net = Network(NET_G.links) if algorithm == "recursive_doubling" and p & (p - 1) else NET_G
+    for n in (0, 4, 4 * 1009, 1 << 20, 1 << 28):
+        replayed = simulate("allreduce", algorithm, n, topo, net).seconds
+        model = predicted("allreduce", algorithm, n, topo, net).seconds
+        assert replayed == pytest.approx(model, rel=0.05)
 
 
 RING_SIZES = [0, 4, 1 << 10, (1 << 20) + 4, 1 << 28]

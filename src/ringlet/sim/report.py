@@ -51,9 +51,10 @@ def plot(path: str, rows: list[SimResult], title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for algorithm in dict.fromkeys(r.algorithm for r in rows):
+    for i, algorithm in enumerate(dict.fromkeys(r.algorithm for r in rows)):
         pts = sorted((r.nbytes, r.busbw / 1e9, r.source) for r in rows if r.algorithm == algorithm and r.nbytes)
-        line, = ax.plot([s for s, _, _ in pts], [b for _, b, _ in pts], marker="o", markersize=3, label=algorithm)
+        line, = ax.plot([s for s, _, _ in pts], [b for _, b, _ in pts], marker="o", markersize=3, label=algorithm,
+                        linestyle=("-", "--", "-.", ":")[i % 4])  # lines that coincide stay visible
         model = [(s, b) for s, b, src in pts if src == "model"]
         if model:
             ax.plot(*zip(*model), linestyle="none", marker="o", markersize=6, markerfacecolor="none",
