@@ -121,3 +121,19 @@ def test_link_fit_as_dict():
 def test_gamma_without_growth_is_the_largest_sizes_time_per_byte():
     g, c = fit_gamma([4096, 65536], [1e-4, 4e-5])  # noise: the larger addition was faster
     assert g == pytest.approx(4e-5 / 65536) and c == 0.0
+
+
+def test_beta_comes_from_the_bandwidth_bound_sizes():
+    """A link whose mid sizes run faster than its rate (a rate limiter's burst) and whose small messages
+    are stretched (a CPU quota): one relative line through all sizes gets beta low; the regime refit
+    takes beta from the largest sizes and alpha from the smallest."""
+    alpha, beta, overhead = 2e-3, 8.4e-9, 2e-3
+    samples = []
+    for nbytes in (4, 1024, 16384, 131072, 1 << 20, 4 << 20, 16 << 20):
+        burst = min(nbytes, 250_000)  # sent at line rate x4
+        for steps in (1, 4):
+            t = overhead + steps * (alpha + (nbytes - burst) * beta + burst * beta / 4)
+            samples.append(Sample(nbytes, steps, 1, t))
+    fit = fit_link(samples)
+    assert fit.beta == pytest.approx(beta, rel=0.03)
+    assert fit.alpha == pytest.approx(alpha, rel=0.1)

@@ -87,7 +87,7 @@ class CalibrationPlan:
 
 PLANS: dict[str, CalibrationPlan] = {
     "full": CalibrationPlan("full", (4, KiB, 16 * KiB, 128 * KiB, MiB, 4 * MiB, 16 * MiB), (1, 4), 5,
-                            (64 * KiB, MiB, 4 * MiB, 16 * MiB), 20.0),
+                            (64 * KiB, MiB, 4 * MiB, 16 * MiB), 24.0),
     "quick": CalibrationPlan("quick", (4, 16 * KiB, 256 * KiB, MiB, 4 * MiB), (1, 3), 3,
                              (256 * KiB, 4 * MiB), 6.0),
 }
