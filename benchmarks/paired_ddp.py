@@ -343,6 +343,8 @@ def main() -> None:
     for _, model, opt in arms:
         for _ in range(args.warmup):
             step(model, opt)
+        if hasattr(model, "synchronize"):
+            model.synchronize()  # overlap_optimizer: nothing of this arm in flight when the next starts
     if args.timeline:
         timeline.start_timeline(args.timeline)
     stats = _run_rounds(args, arms, step)
