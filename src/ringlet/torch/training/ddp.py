@@ -88,9 +88,10 @@ from ringlet.types import ReduceOp
 
 from ..comm import Comm
 from .broadcast import Coalesced, broadcast_coalesced, start_coalesced
-from .buckets import ArrivalOrder, BucketSet, BucketSets, layout_buckets
+from .bucket_plan import BucketPlan
+from .buckets import ArrivalOrder, BucketSets
 from .compressed_reduction import CompressedReduction
-from .factor_reduction import FactorLayers, FactorReduction
+from .factor_reduction import FactorLayers
 from .graph import params_reached
 from .launch_fifo import FifoLaunch
 from .launch_priority import PriorityLaunch
@@ -101,9 +102,6 @@ from .reduction import DenseReduction, ReductionContext, StepMarks
 log = logging.getLogger(__name__)
 
 __all__ = ["DistributedDataParallel", "DDPOptions"]
-
-_MB = 1024 * 1024
-
 
 class DistributedDataParallel(torch.nn.Module):
     """Wrap ``module`` so that ``backward()`` leaves the group-average of the gradients in ``param.grad``.
@@ -157,7 +155,8 @@ class DistributedDataParallel(torch.nn.Module):
                                      self._size > 1 and not self._comm.coordinated)
         algo = lambda: self._steps.algorithm  # noqa: E731 - the tuner's candidate of the step
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
-        self._sets = BucketSets(self._bucket_set(self._layout(self._params, {}), {}))
+        self._plan = BucketPlan(self._params, self.options, self._ctx, self._dense, self._launch.spacing)
+        self._sets = BucketSets(self._plan.initial())
         self._arrivals = ArrivalOrder()
         self._overlap: OptimizerOverlap | None = None
         self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
@@ -326,49 +325,12 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             self._sets.drop_dense()
 
-    def _layout(self, params: list[torch.nn.Parameter], chosen: dict) -> list[list[torch.nn.Parameter]]:
-        return layout_buckets(params, chosen, int(self.options.bucket_cap_mb * _MB),
-                              int(self.options.first_bucket_cap_mb * _MB))
-
-    def _bucket_set(self, layout: list[list[torch.nn.Parameter]], chosen: dict) -> BucketSet:
-        """The buckets of ``layout``; the weights in ``chosen`` (id -> factored layer) are reduced from
-        factors, one bucket each."""
-        def reduction_for(ps: list[torch.nn.Parameter]):
-            layer = chosen.get(id(ps[0])) if len(ps) == 1 else None
-            if layer is not None:
-                return FactorReduction(layer, self._ctx)
-            comp = self.options.compression
-            return self._dense if comp is None else CompressedReduction(self._ctx, comp)
-
-        return BucketSet(layout, reduction_for, self._launch.spacing)
-
     def _rebuild_buckets(self) -> None:
-        """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
-
-        Rank 0's order is broadcast so every rank builds the same buckets (they must launch the same
-        buffers in the same order). Parameters that got no gradient go last, in reverse registration order.
-        Rank 0 also decides which layers reduce from factors (by its row counts): one decision for all.
-        """
-        n = len(self._params)
-        order = torch.tensor(self._arrivals.take(n) + self._factors.wanted(self._size), dtype=torch.int64)
-        if self._size > 1:
-            self._comm.broadcast_(order, f"{self._prefix}.order").wait()
-        values = order.tolist()
-        chosen = self._factors.choose(values[n:])
-        if chosen:
-            log.info("DistributedDataParallel: weight gradients that may be reduced from factors: %s",
-                     ", ".join(f.name for f in chosen.values()))
-        else:
+        """Once, at the forward after the first reduced backward: bucket in rank 0's gradient-arrival order
+        (:meth:`BucketPlan.rebuild`)."""
+        chosen = self._plan.rebuild(self._sets, self._arrivals, self._factors, self._comm, self._size, self._prefix)
+        if not chosen:
             self._steps.drop_factors()
-        # The layout fills from the end of its list, so hand it the arrival order reversed.
-        ordered = [self._params[i] for i in reversed(values[:n])]
-        layout = self._layout(ordered, {})
-        dense = self._sets.active
-        if not dense.same_layout(layout):
-            log.info("DistributedDataParallel: buckets rebuilt in gradient-arrival order (%d buckets)", len(layout))
-            dense = self._bucket_set(layout, {})
-        factored = self._bucket_set(self._layout(ordered, chosen), chosen) if chosen else None
-        self._sets.replace(dense, factored)
 
     # ---- reduction state machine ------------------------------------------------------------------------
     def _prepare(self, out) -> None:
