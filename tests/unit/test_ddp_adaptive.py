@@ -137,6 +137,8 @@ def test_a_slower_network_switches_within_the_bound_on_every_rank_alike(p, launc
     steps = sorted({s for s, *_ in switches})
     assert steps[0] >= SLOW_FROM and steps[0] <= SLOW_FROM + BOUND
     assert all(b - a >= POLICY.min_steps for a, b in zip(steps, steps[1:]))
+    last = {op: new for _, op, _, new in switches}  # what each message runs now: its last switch's choice
+    assert all(runs[0][1].choices[op] == new for op, new in last.items())
     adj = runs[0][1]._adjust  # the fitted constants predict what was measured
     for n in runs[0][1]._launch.messages(runs[0][1]._sets.active).values():
         c = adj.ran("auto", n)
@@ -178,7 +180,8 @@ def test_the_bucket_cap_follows_the_backward_time(model, monkeypatch):
     assert SLOW_FROM <= resized[0].step <= SLOW_FROM + policy.window + BOUND
     assert all(summary(ddp) == summary(runs[0][1]) for _, ddp in runs)
     assert len(runs[0][1].bucket_layout) < len(plain[0][1].bucket_layout)
-    assert runs[0][1].adaptive.bucket_bytes == 1 << 20
+    assert runs[0][1].adaptive.bucket_bytes == runs[0][1].bucket_cap_bytes == 1 << 20
+    assert plain[0][1].bucket_cap_bytes == CAP
     assert all(torch.equal(x, ref) for (x, _), (ref, _) in zip(runs, plain))
 
 

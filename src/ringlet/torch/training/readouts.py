@@ -22,6 +22,23 @@ class ReadOuts:
         return _core.resolve_algorithm(self._bucket_algorithm(), _core.runtime())
 
     @property
+    def choices(self) -> dict[str, str]:
+        """What each dense all-reduce of a step runs now (``bucketK`` or ``pieceK`` -> algorithm, with the
+        segment size where dynamic adjustment knows it from the installed model; see
+        :mod:`~ringlet.torch.training.adapt`). For logs and benchmarks."""
+        messages = self._launch.messages(self._sets.active)
+        algorithm = self._bucket_algorithm()
+        if self._adjust is None:
+            return {k: _core.resolve_algorithm(algorithm, _core.runtime()) for k in messages}
+        return {k: self._adjust.ran(algorithm, n).describe() for k, n in messages.items()}
+
+    @property
+    def bucket_cap_bytes(self) -> int:
+        """The bucket cap in use (``bucket_cap_mb`` until dynamic adjustment changes it); the first bucket
+        keeps ``first_bucket_cap_mb``."""
+        return self._plan.cap_bytes
+
+    @property
     def bucket_layout(self) -> list[list[str]]:
         """Parameter names per bucket, in launch order (for inspection and tests)."""
         return [[self._names.get(id(p), "?") for p in b.params] for b in self._buckets]
