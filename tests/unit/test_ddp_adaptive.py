@@ -19,6 +19,7 @@ from conftest import run_world
 from ringlet import timeline
 from ringlet.torch.training import Adapt, DistributedDataParallel, Priority
 from ringlet.torch.training.adapt import Adjuster
+from ringlet.torch.training.buckets import BucketSet, BucketSets
 from ringlet.tuning import select
 from ringlet.tuning.adaptive import Policy
 from ringlet.tuning.network import INTER, INTRA, LinkCost, Network
@@ -116,6 +117,22 @@ def test_adapt_must_be_an_adapt():
         return True
 
     assert run_world(2, fn) == [True, True]
+
+
+@pytest.mark.parametrize("cap", [0, -1])
+def test_a_bucket_cap_must_be_positive(cap):
+    def fn(rank):
+        ddp = DistributedDataParallel(make_net(), adapt=None)
+        with pytest.raises(ValueError, match="bucket cap must be positive"):
+            ddp._plan.resize(ddp._sets, cap, {})
+        return True
+
+    assert run_world(2, fn) == [True, True]
+
+
+def test_bucket_sets_need_a_set():
+    with pytest.raises(ValueError, match="dense or a factored"):
+        BucketSets(BucketSet([], lambda ps: None)).replace(None, None)
 
 
 # ---- switching -------------------------------------------------------------------------------------------------
