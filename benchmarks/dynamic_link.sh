@@ -7,7 +7,7 @@
 # adaptive run starts from FAST's, as a job would that was calibrated before the link changed.
 #   usage: sudo benchmarks/dynamic_link.sh        (the emulated cluster: needs root and an idle machine)
 #          LOCAL=1 benchmarks/dynamic_link.sh     (one host, -np ${NP:-2}, no link changes: a smoke run)
-#   knobs (environment): OUT, MODEL=cnn, STEPS=400, EVERY=10, FAST=10gbit, SLOW=1gbit, T1=120, T2=240,
+#   knobs (environment): OUT, MODEL=cnn, STEPS=400, EVERY=10, FAST=10gbit, SLOW=1gbit, T1=150, T2=300,
 #   HOSTS=4, PER_HOST=1, CPUS (per host; default an equal share), CONFIGS, ROUNDS=3, BLOCK=5, SETTLE=5,
 #   ADAPT_ARGS (more dynamic_link.py adapt options, e.g. --no-tune), RINGLET and PY (default .venv's).
 set -euo pipefail
@@ -21,8 +21,8 @@ STEPS=${STEPS:-400}
 EVERY=${EVERY:-10}
 FAST=${FAST:-10gbit}
 SLOW=${SLOW:-1gbit}
-T1=${T1:-120}
-T2=${T2:-240}
+T1=${T1:-150}
+T2=${T2:-300}
 HOSTS=${HOSTS:-4}
 PER_HOST=${PER_HOST:-1}
 CPUS=${CPUS:-}

@@ -111,6 +111,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DistributedDataParallel", "DDPOptions"]
 
+
 class DistributedDataParallel(ReadOuts, torch.nn.Module):
     """Wrap ``module`` so that ``backward()`` leaves the group-average of the gradients in ``param.grad``.
 
