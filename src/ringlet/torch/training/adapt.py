@@ -65,9 +65,9 @@ class Adapt:
     """Follow the measured all-reduces with the cost model (see the module doc): a round every ``every``
     reduced steps (a positive int), switching by ``policy`` (:class:`ringlet.tuning.adaptive.Policy`: the
     margin, confirmations, minimum steps between switches, memory in measurements, bucket sizes proposed;
-    one bucket size keeps the cap fixed at it; default :func:`ddp_policy`). A switch comes at most
-    ``every * (policy.confirmations + 1)`` steps after a lasting change (plus what ``policy.min_steps``
-    since the last switch holds back). ``ValueError`` for ``every`` < 1, ``TypeError`` for another type
+    one bucket size keeps the cap fixed at it; default :func:`ddp_policy`). A lasting change switches
+    about ``every * (policy.confirmations + 1)`` steps later, once its measurements outweigh the older
+    ones (``policy.half_life``), and not before ``policy.min_steps`` steps after the last switch. ``ValueError`` for ``every`` < 1, ``TypeError`` for another type
     of either."""
 
     every: int = 10
