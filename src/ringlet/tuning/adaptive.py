@@ -22,12 +22,17 @@ the calibrated constants ``x = (α_intra, α_inter, β_intra, β_inter, γ)`` pa
 constant scaled by a factor ``f_j``, so predicts ``x·f``. Factors are fitted by least squares on
 relative errors (rows ``x/(x·f)``, targets ``y/(x·f)``) over a rolling window of this rank's last
 ``window`` measurements, weighted by age (half-life ``half_life`` measurements); a measurement whose
-ratio to the prediction is off the median of its neighbours by more than ``outlier``× gets weight 0
-(one slow step does not move the model; a lasting change passes after two measurements). The normal
+ratio to the prediction is off the median of its neighbours (the two measurements of the same message
+before and after it; the two in order while there are fewer) by more than ``outlier``× gets weight 0
+(one slow measurement does not move the model; a lasting change passes after two measurements of each
+message, also one that moves small and large messages' ratios apart for good). The normal
 equations are summed over ranks; :meth:`apply` solves them with a small ridge pulling towards the
 calibrated constants, stronger on α than on β (what the measured sizes cannot separate, e.g. α from β
 at nearby sizes, is put on the bandwidth: a link's rate is what changes while a job runs); a constant
-whose part of the measured times is below ``min_share`` (root mean square) keeps its factor. The
+whose part of the measured times (under the current factors) is below ``min_share`` (root mean square)
+is held at its calibrated value: what the measurements cannot tell falls back to the calibration, not to
+a factor fitted earlier (possibly in a change's transient). The ridge is scaled like those parts, so
+its pull does not grow with a factor. The
 solve runs in plain Python arithmetic, so every rank gets the same factors bit for bit.
 
 **Switching.** The installed model (what ``"auto"`` uses) changes only at a switch: when, for some
@@ -104,6 +109,7 @@ class Adaptive:
         self.calibrated = model.network
         self.factors = [1.0] * _F
         self.fitted = model.network
+        self.installed = model.network  # the constants in force: the model's at the start, then each switch's
         self._samples: collections.deque = collections.deque(maxlen=policy.window)
         self._backward: collections.deque = collections.deque(maxlen=policy.window)
         self._features: dict = {}
@@ -162,11 +168,11 @@ class Adaptive:
             rows.append(([a / pred for a in x], y / pred))
         n = len(rows)
         logs = [math.log(t) for _, t in rows]
+        near = _neighbours(logs, [x for x, _ in self._samples])
         decay = 0.5 ** (1.0 / self.policy.half_life)
         mat, rhs, weight = [0.0] * len(_PAIRS), [0.0] * _F, 0.0
         for i, (a, t) in enumerate(rows):
-            near = statistics.median(logs[max(0, i - 2):i + 3])
-            if abs(logs[i] - near) > math.log(self.policy.outlier):
+            if abs(logs[i] - near[i]) > math.log(self.policy.outlier):
                 continue
             w = decay ** (n - 1 - i)
             for k, (p, q) in enumerate(_PAIRS):
@@ -200,12 +206,16 @@ class Adaptive:
         rhs = summed[len(_PAIRS):len(_PAIRS) + _F]
         ra, rb, rg = self.policy.ridge
         for p, r in enumerate((ra, ra, rb, rb, rg)):
-            if mat[p][p] < self.policy.min_share ** 2 * weight:  # too small a part of the measured times:
-                mat[p][p] += 1e6 * weight                         # keep the factor in force
-                rhs[p] += 1e6 * weight * self.factors[p]
+            # A row holds the calibrated term: the constant's part of the times is the row times the factor,
+            # and the ridge is scaled the same way, so that its pull relative to the data does not grow
+            # with the factor.
+            scale = self.factors[p] ** 2
+            if mat[p][p] * scale < self.policy.min_share ** 2 * weight:  # too small a part to tell: the
+                mat[p][p] += 1e6 * weight                                 # calibrated constant (a factor
+                rhs[p] += 1e6 * weight                                    # kept could be a transient's)
             else:
-                mat[p][p] += r * weight
-                rhs[p] += r * weight  # towards the calibrated constants (factor 1)
+                mat[p][p] += r * weight / scale
+                rhs[p] += r * weight / scale  # towards the calibrated constants (factor 1)
         lo, hi = self.policy.bounds
         self.factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
         c, f = self.calibrated, self.factors
@@ -221,25 +231,28 @@ class Adaptive:
         return False
 
     def _algorithms(self, step: int) -> list[Switch]:
+        # The choices in force are computed from self.installed, not read from the model: ranks that share
+        # one model object (threads) must not see another rank's switch before making their own.
         m, h, item = self.model, self.host_of, self.itemsize
+        before = {key: m.best(n, h, item, network=self.installed).choice for key, n in sorted(self._ops.items())}
         gains = []
-        for key in sorted(self._ops):
+        for key, old in before.items():
             nbytes = self._ops[key]
-            now = m.seconds(m.choose(nbytes, h, item), nbytes, h, item, self.fitted)
+            now = m.seconds(old, nbytes, h, item, self.fitted)
             best = m.best(nbytes, h, item, network=self.fitted)
             if best.seconds < now * (1 - self.policy.margin):
                 gains.append(key)
         if not self._due("model", bool(gains), step):
             return []
-        before = {key: m.choose(n, h, item) for key, n in sorted(self._ops.items())}
         m.set_network(self.fitted)
+        self.installed = self.fitted
         scale = ", ".join(f"{name} x{f:.2f}" for name, f in zip(FEATURES, self.factors) if f != 1.0)
         events = []
         for key, old in before.items():
             n = self._ops[key]
-            new = m.choose(n, h, item)
+            new = m.best(n, h, item, network=self.fitted).choice
             if new != old:
-                a, b = m.seconds(old, n, h, item), m.seconds(new, n, h, item)
+                a, b = m.seconds(old, n, h, item, self.fitted), m.seconds(new, n, h, item, self.fitted)
                 events.append(Switch(key, old.describe(), new.describe(),
                                      f"predicted {a * 1e3:.3f} ms -> {b * 1e3:.3f} ms; corrected: {scale or 'none'}"))
         return events
@@ -269,6 +282,23 @@ class Adaptive:
         return [Switch("bucket_bytes", str(old), str(best),
                        f"exposed communication {now * 1e3:.3f} ms -> {cost[best] * 1e3:.3f} ms "
                        f"(backward {backward * 1e3:.1f} ms)")]
+
+
+def _neighbours(logs: list[float], keys: list) -> list[float]:
+    """Per measurement, the median log-ratio of its neighbours: the two measurements of the same message
+    (``keys``: its terms) before and after it, or, while it has fewer than two such neighbours, the two
+    measurements before and after it in order."""
+    same: dict = collections.defaultdict(list)
+    for i, key in enumerate(keys):
+        same[key].append(i)
+    out = [0.0] * len(logs)
+    for idx in same.values():
+        for j, i in enumerate(idx):
+            around = idx[max(0, j - 2):j + 3]
+            if len(around) < 3:
+                around = range(max(0, i - 2), min(len(logs), i + 3))
+            out[i] = statistics.median(logs[k] for k in around)
+    return out
 
 
 def _solve(mat: list[list[float]], rhs: list[float]) -> list[float]:

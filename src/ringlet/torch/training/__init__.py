@@ -8,6 +8,7 @@ overflow decision agreed by the group, :class:`MasterWeights`), and synchronisin
 Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
 Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
 """
+from .adapt import Adapt
 from .amp import GradScaler
 from .ddp import DistributedDataParallel
 from .diloco import DiLoCo
@@ -15,4 +16,4 @@ from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
 from .priority import Priority
 
-__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority"]
+__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt"]

@@ -152,9 +152,13 @@ class BucketSets:
         self.active = dense
         self.factors_on = False  # the active set is the factored one
 
-    def replace(self, dense: BucketSet, factored: BucketSet | None) -> None:
-        """The sets of the rebuild; the dense one becomes active."""
-        self.dense, self.factored, self.active, self.factors_on = dense, factored, dense, False
+    def replace(self, dense: BucketSet | None, factored: BucketSet | None) -> None:
+        """New sets (a rebuild); the dense one becomes active, the factored one when there is no dense
+        one (the dense reduction lost its trial). ``ValueError`` for no set at all."""
+        if dense is None and factored is None:
+            raise ValueError("BucketSets.replace needs a dense or a factored bucket set")
+        self.dense, self.factored = dense, factored
+        self.active, self.factors_on = (dense, False) if dense is not None else (factored, True)
 
     def activate(self, factors: bool) -> bool:
         """Make the factored (``factors``, when there is one) or the dense set active; True when that

@@ -12,10 +12,17 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   arrived on the group's first rank (as torch's DDP rebuilds its buckets), so a module that registers
   layers in another order than it uses them still overlaps. A bucket's first reduction checks its shape
   and dtype across ranks; later ones skip that exchange;
-* ``algorithm="auto"`` on 3-8 ranks (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try
-  the static choice and ``direct`` in turn, five steps each (up to twenty while their medians are too
-  close to call), and switch to ``direct`` only if its steps were more than 3% faster on all ranks
-  together (:class:`ringlet.tuning.OnlineChoice`; :attr:`DistributedDataParallel.algorithm` tells);
+* ``algorithm="auto"`` (and ``tune=True``, no ``RINGLET_ALGORITHM``): the first steps try ``"auto"``
+  against, with a cost model installed, the model's two best other algorithms for the buckets, else on
+  3-8 ranks ``direct``, in turn, five steps each (up to twenty while their medians are too close to
+  call), and keep a challenger only if its steps were more than 3% faster on all ranks together
+  (:class:`ringlet.tuning.TrialPlan`, :class:`ringlet.tuning.OnlineChoice`;
+  :attr:`DistributedDataParallel.algorithm` tells);
+* ``adapt=Adapt(...)`` (default; None: off), with a cost model installed and ``"auto"``: after the step
+  tuner's decision, every ``every`` steps the measured all-reduce times correct the model's constants
+  (summed over ranks, so every rank decides the same at the same step); the model switches algorithm or
+  segment size per message, or the bucket cap (the buckets are rebuilt), each switch logged and marked on
+  the timeline (:mod:`~ringlet.torch.training.adapt`; :attr:`DistributedDataParallel.switches` tells);
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages land in ``param.grad``. A gradient that autograd created in this backward (``.grad`` was
   None at the forward, as after ``zero_grad()``) is replaced by a view of the average in the bucket, not
@@ -83,29 +90,29 @@ import torch
 
 from ringlet import collectives as _core
 from ringlet import timeline
-from ringlet.tuning import StepTuner, TrialPlan
+from ringlet.tuning import StepTuner, TrialPlan, select
 from ringlet.types import ReduceOp
 
 from ..comm import Comm
+from .adapt import Adapt, adjuster_for, group_hosts
 from .broadcast import Coalesced, broadcast_coalesced, start_coalesced
-from .buckets import ArrivalOrder, BucketSet, BucketSets, layout_buckets
-from .compressed_reduction import CompressedReduction
-from .factor_reduction import FactorLayers, FactorReduction
+from .bucket_plan import BucketPlan
+from .buckets import ArrivalOrder, BucketSets
+from .factor_reduction import FactorLayers
 from .graph import params_reached
 from .launch_fifo import FifoLaunch
 from .launch_priority import PriorityLaunch
 from .options import DDPOptions
 from .overlap import OptimizerOverlap
+from .readouts import ReadOuts
 from .reduction import DenseReduction, ReductionContext, StepMarks
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DistributedDataParallel", "DDPOptions"]
 
-_MB = 1024 * 1024
 
-
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(ReadOuts, torch.nn.Module):
     """Wrap ``module`` so that ``backward()`` leaves the group-average of the gradients in ``param.grad``.
 
     ``process_group`` / ``group``: a :class:`ringlet.Group` or ``ringlet.torch`` ``ProcessSet``
@@ -115,7 +122,8 @@ class DistributedDataParallel(torch.nn.Module):
     effect here; ``gradient_as_bucket_view`` is honoured (see the module doc). ``sufficient_factors``:
     ``"auto"``, ``True`` or ``False``, whether large fully connected layers are averaged from gathered
     factors (see the module doc). ``compression``: how the dense buckets travel; ``priority``: a
-    :class:`~ringlet.torch.training.priority.Priority` to send front layers first (see the module doc).
+    :class:`~ringlet.torch.training.priority.Priority` to send front layers first; ``adapt``: an
+    :class:`~ringlet.torch.training.adapt.Adapt` for dynamic adjustment, or None (see the module doc).
     ringlet must be initialised first.
     """
 
@@ -126,7 +134,7 @@ class DistributedDataParallel(torch.nn.Module):
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  static_graph: bool = False, *, group=None, first_bucket_cap_mb: float | None = None,
                  algorithm: str = "auto", tune: bool = True, sufficient_factors: bool | str = "auto",
-                 compression=None, priority=None):
+                 compression=None, priority=None, adapt: Adapt | None = Adapt()):
         super().__init__()
         if not _core_initialized():
             raise RuntimeError("ringlet is not initialised: call ringlet.init() (or ringlet.torch.init()) before "
@@ -134,7 +142,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.options = DDPOptions.parse(bucket_cap_mb, first_bucket_cap_mb, sufficient_factors, compression, priority,
                                         find_unused_parameters=find_unused_parameters,
                                         broadcast_buffers=broadcast_buffers, algorithm=algorithm, tune=tune,
-                                        gradient_as_bucket_view=gradient_as_bucket_view)
+                                        gradient_as_bucket_view=gradient_as_bucket_view, adapt=adapt)
         self.module = module
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
         timeline.configure_from_env(_core.runtime().rank)
@@ -155,9 +163,14 @@ class DistributedDataParallel(torch.nn.Module):
         # Layers whose weight may be reduced from factors; which ones are is decided with the bucket rebuild.
         self._factors = FactorLayers(module, set(self._pindex), self.options.sufficient_factors,
                                      self._size > 1 and not self._comm.coordinated)
-        algo = lambda: self._steps.algorithm  # noqa: E731 - the tuner's candidate of the step
+        algo = lambda: self._bucket_algorithm()  # noqa: E731 - read at each launch
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
-        self._sets = BucketSets(self._bucket_set(self._layout(self._params, {}), {}))
+        self._plan = BucketPlan(self._params, self.options, self._ctx, self._dense, self._launch.spacing)
+        self._sets = BucketSets(self._plan.initial())
+        itemsize = self._params[0].element_size() if self._params else 4
+        self._adjust = adjuster_for(adapt, self._comm, algorithm, self.options.compression, itemsize,
+                                    self._sum_across_ranks)
+        self._ctx.observe = self._adjust.observe if self._adjust is not None else None
         self._arrivals = ArrivalOrder()
         self._overlap: OptimizerOverlap | None = None
         self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
@@ -180,9 +193,19 @@ class DistributedDataParallel(torch.nn.Module):
         self._t_first = self._t_last = 0.0
 
     def _trial_plan(self) -> TrialPlan:
-        # The coordinator (ringlet.torch initialised) picks algorithms itself.
+        # The coordinator (ringlet.torch initialised) picks algorithms itself. With a cost model, "auto" is
+        # tried against the model's best other algorithms for the buckets (TrialPlan.candidates).
+        model = select.installed() if not self._comm.coordinated else None
+        sizes = tuple(sorted(set(self._launch.messages(self._sets.active).values()))) if model is not None else ()
         return TrialPlan(self.options.algorithm, self._size, self.options.tune and not self._comm.coordinated,
-                         self._factors.on_trial, lambda a: _core.resolve_algorithm(a, _core.runtime()))
+                         self._factors.on_trial, lambda a: _core.resolve_algorithm(a, _core.runtime()),
+                         model=model, buckets=sizes, host_of=group_hosts(self._comm) if model is not None else (),
+                         itemsize=self._params[0].element_size() if self._params else 4)
+
+    def _bucket_algorithm(self) -> str:
+        """The algorithm the buckets request now: the step tuner's, until dynamic adjustment took over."""
+        adj = self._adjust
+        return "auto" if adj is not None and adj.released else self._steps.algorithm
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
@@ -250,45 +273,6 @@ class DistributedDataParallel(torch.nn.Module):
             self._overlap.flush()
 
     @property
-    def algorithm(self) -> str:
-        """The all-reduce algorithm the buckets use now (during tuning: the one on trial); ``auto``
-        under ``RINGLET_ALGORITHM`` reports the algorithm that variable forces."""
-        return _core.resolve_algorithm(self._steps.algorithm, _core.runtime())
-
-    @property
-    def bucket_layout(self) -> list[list[str]]:
-        """Parameter names per bucket, in launch order (for inspection and tests)."""
-        return [[self._names.get(id(p), "?") for p in b.params] for b in self._buckets]
-
-    @property
-    def factored(self) -> list[str]:
-        """Names of the weights whose average is computed from gathered factors (empty until the second
-        step: the first one reduces everything densely and measures the layers' row counts)."""
-        return [self._names.get(id(b.params[0]), "?") for b in self._buckets if b.reduction.factored]
-
-    @property
-    def factored_reductions(self) -> int:
-        """Weight averages computed from factors so far."""
-        return self._ctx.factored
-
-    @property
-    def factor_fallbacks(self) -> int:
-        """Factored weights all-reduced densely because some rank's factors did not match its gradient."""
-        return self._ctx.fallbacks
-
-    @property
-    def compression_states(self) -> list[dict]:
-        """The compressor state of every compressed bucket, of both bucket sets (error-feedback residuals
-        live there: a loss scaler rescales them when its scale changes)."""
-        sets = [s for s in (self._sets.dense, self._sets.factored) if s is not None]
-        return [b.reduction.state for s in sets for b in s.buckets if isinstance(b.reduction, CompressedReduction)]
-
-    @property
-    def fresh_buffers(self) -> int:
-        """Buckets replaced because something besides the lent ``.grad`` views still held their memory."""
-        return self._ctx.fresh_buffers
-
-    @property
     def _tuner(self):
         """The step tuner's :class:`~ringlet.tuning.OnlineChoice` (for tests and reports)."""
         return self._steps.choice
@@ -308,6 +292,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._switch(decision)
         if self._arrivals.due:
             self._rebuild_buckets()
+        if self._adjust is not None:
+            self._adapt()
         if self._sets.activate(bool(self._factors.chosen) and self._steps.wants_factors()):
             self._factors.reset_capture()
 
@@ -326,49 +312,28 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             self._sets.drop_dense()
 
-    def _layout(self, params: list[torch.nn.Parameter], chosen: dict) -> list[list[torch.nn.Parameter]]:
-        return layout_buckets(params, chosen, int(self.options.bucket_cap_mb * _MB),
-                              int(self.options.first_bucket_cap_mb * _MB))
-
-    def _bucket_set(self, layout: list[list[torch.nn.Parameter]], chosen: dict) -> BucketSet:
-        """The buckets of ``layout``; the weights in ``chosen`` (id -> factored layer) are reduced from
-        factors, one bucket each."""
-        def reduction_for(ps: list[torch.nn.Parameter]):
-            layer = chosen.get(id(ps[0])) if len(ps) == 1 else None
-            if layer is not None:
-                return FactorReduction(layer, self._ctx)
-            comp = self.options.compression
-            return self._dense if comp is None else CompressedReduction(self._ctx, comp)
-
-        return BucketSet(layout, reduction_for, self._launch.spacing)
+    def _adapt(self) -> None:
+        """Dynamic adjustment at the start of a step: take the measurements in; on a round, apply the agreed
+        corrections (a new bucket cap rebuilds the buckets now). See :mod:`~ringlet.torch.training.adapt`."""
+        adj = self._adjust
+        if not adj.due(self._steps.choice.decision is not None):
+            adj.drain()
+            return
+        if self._overlap is not None:
+            self._overlap.flush()  # nothing in flight crosses a switch
+        active = self._sets.active
+        gradient = sum(p.numel() * p.element_size() for b in active.buckets if b.reduction is self._dense
+                       for p in b.params)
+        for e in adj.round(self._launch.messages(active), gradient, self._plan.cap_bytes, self._steps.algorithm):
+            if e.op == "bucket_bytes":
+                self._plan.resize(self._sets, int(e.new), self._factors.chosen)
 
     def _rebuild_buckets(self) -> None:
-        """Once, at the forward after the first reduced backward: bucket in gradient-arrival order.
-
-        Rank 0's order is broadcast so every rank builds the same buckets (they must launch the same
-        buffers in the same order). Parameters that got no gradient go last, in reverse registration order.
-        Rank 0 also decides which layers reduce from factors (by its row counts): one decision for all.
-        """
-        n = len(self._params)
-        order = torch.tensor(self._arrivals.take(n) + self._factors.wanted(self._size), dtype=torch.int64)
-        if self._size > 1:
-            self._comm.broadcast_(order, f"{self._prefix}.order").wait()
-        values = order.tolist()
-        chosen = self._factors.choose(values[n:])
-        if chosen:
-            log.info("DistributedDataParallel: weight gradients that may be reduced from factors: %s",
-                     ", ".join(f.name for f in chosen.values()))
-        else:
+        """Once, at the forward after the first reduced backward: bucket in rank 0's gradient-arrival order
+        (:meth:`BucketPlan.rebuild`)."""
+        chosen = self._plan.rebuild(self._sets, self._arrivals, self._factors, self._comm, self._size, self._prefix)
+        if not chosen:
             self._steps.drop_factors()
-        # The layout fills from the end of its list, so hand it the arrival order reversed.
-        ordered = [self._params[i] for i in reversed(values[:n])]
-        layout = self._layout(ordered, {})
-        dense = self._sets.active
-        if not dense.same_layout(layout):
-            log.info("DistributedDataParallel: buckets rebuilt in gradient-arrival order (%d buckets)", len(layout))
-            dense = self._bucket_set(layout, {})
-        factored = self._bucket_set(self._layout(ordered, chosen), chosen) if chosen else None
-        self._sets.replace(dense, factored)
 
     # ---- reduction state machine ------------------------------------------------------------------------
     def _prepare(self, out) -> None:
@@ -442,6 +407,8 @@ class DistributedDataParallel(torch.nn.Module):
         tl = timeline.active()
         if tl is not None:
             tl.span("backward", "BACKWARD", t_first, t_last)
+        if self._adjust is not None:
+            self._adjust.backward_done((t_last - t_first) * 1e-6)
         if self._overlap is None:
             self._wait_all()
             if tl is not None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ringlet import timeline
 
+from .reduction import DenseReduction
+
 if TYPE_CHECKING:
     from .buckets import Bucket, BucketSet
     from .reduction import StepMarks
@@ -32,6 +34,12 @@ class FifoLaunch:
         self._algorithm = algorithm
         self._buckets: list[Bucket] = []
         self._next = 0
+
+    @staticmethod
+    def messages(bucket_set: BucketSet) -> dict[str, int]:
+        """The dense all-reduces of a step with ``bucket_set``: ``bucketK`` -> bytes."""
+        return {f"bucket{b.index}": b.buffer.numel() * b.buffer.element_size() for b in bucket_set.buckets
+                if isinstance(b.reduction, DenseReduction) and b.buffer.numel()}
 
     def start(self, bucket_set: BucketSet, marks: StepMarks) -> None:
         self._buckets = bucket_set.buckets

@@ -56,19 +56,29 @@ class PriorityLaunch:
         """The pieces of the bucket set last started (for inspection and tests)."""
         return self._layout
 
+    def _layout_of(self, bucket_set: BucketSet) -> PieceLayout:
+        """The pieces of ``bucket_set`` (kept for the last two sets: the dense and the factored one)."""
+        known = [lay for s, lay in self._recent if s is bucket_set]
+        layout = known[0] if known else piece_layout(bucket_set, self.priority.partition_bytes)
+        self._recent = [(s, lay) for s, lay in self._recent if s is not bucket_set][-1:] + [(bucket_set, layout)]
+        return layout
+
+    def messages(self, bucket_set: BucketSet) -> dict[str, int]:
+        """The dense all-reduces of a step with ``bucket_set``: ``pieceK`` -> bytes (control vector included)."""
+        pieces = self._layout_of(bucket_set).pieces
+        return {f"piece{q.index}": (q.hi - q.lo + (2 * len(pieces) if q.carries else 0)) * q.bucket.buffer.element_size()
+                for q in pieces if not q.whole}
+
     def start(self, bucket_set: BucketSet, marks: StepMarks) -> None:
         if bucket_set is not self._set:
-            known = [lay for s, lay in self._recent if s is bucket_set]
-            layout = known[0] if known else piece_layout(bucket_set, self.priority.partition_bytes)
-            self._recent = [(s, lay) for s, lay in self._recent if s is not bucket_set][-1:] + [(bucket_set, layout)]
-            self._set, self._layout = bucket_set, layout
+            self._set, self._layout = bucket_set, self._layout_of(bucket_set)
         layout = self._layout
         self._pending = [len(q.slots) for q in layout.pieces]
         self._marks = marks
         self._landed = {b.index: [False] * len(b.params) for b in layout.buckets}
         self._finished = set()
         self.round = Round(layout, self._ctx.comm, self._algorithm(), _core.runtime().options.timeout,
-                           self.priority.partition_bytes)
+                           self.priority.partition_bytes, self._ctx.observe)
 
     def accepted(self, b: Bucket, j: int) -> None:
         ready = []

@@ -75,8 +75,10 @@ class Round:
     """The pieces of one reduced backward in flight (see the module doc). ``algo``: the all-reduce
     algorithm of this step; ``credit``: the bytes of gradient a queue may hold."""
 
-    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, credit: int):
+    def __init__(self, layout: PieceLayout, comm: Comm, algo: str, timeout: float, credit: int,
+                 observe: Callable[[str, int, tuple[float, float] | None], None] | None = None):
         n = len(layout.pieces)
+        self._observe = observe  # told of every dense piece sent (ReductionContext.observe)
         self.layout = layout
         self.algo = algo
         self._credit = credit
@@ -188,8 +190,11 @@ class Round:
         if n2:
             self._control(b.buffer.dtype, view[q.hi - q.lo:])
         check = None if self.algo not in q.validated else False
-        self._comm.allreduce_(view, ReduceOp.AVG, f"ddp.bucket{b.index}.piece{q.index}", check=check,
-                              algorithm=self.algo).wait()
+        fut = self._comm.allreduce_(view, ReduceOp.AVG, f"ddp.bucket{b.index}.piece{q.index}", check=check,
+                                    algorithm=self.algo)
+        fut.wait()
+        if self._observe is not None:
+            self._observe(self.algo, view.numel() * view.element_size(), fut.span())
         q.validated.add(self.algo)
         if n2:
             self._queue = self._decide(view[q.hi - q.lo:])

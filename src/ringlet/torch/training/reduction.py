@@ -14,7 +14,7 @@ also offer ``stage(bucket)``: the launch's work as a function to run on the comm
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
@@ -42,6 +42,9 @@ class ReductionContext:
     fresh_buffers: int = 0        # buckets replaced because their memory was still held
     factored: int = 0             # weight averages computed from factors
     fallbacks: int = 0            # ... and all-reduced densely because a rank's factors did not match
+    # Told of every dense all-reduce of gradients once it ran: (algorithm requested, bytes, its span), on
+    # the communication thread (dynamic adjustment, ringlet.torch.training.adapt); None: nobody listens.
+    observe: Callable[[str, int, tuple[float, float] | None], None] | None = None
 
 
 @dataclass(slots=True)
@@ -117,8 +120,13 @@ class DenseReduction:
 
     def launch(self, b: Bucket, timed: bool) -> CommFuture:
         ctx = self.ctx
-        return ctx.comm.allreduce_(b.buffer, ReduceOp.AVG, f"{ctx.prefix}.bucket{b.index}", timed=timed,
-                                   check=None if b.algo not in b.validated else False, algorithm=b.algo)
+        fut = ctx.comm.allreduce_(b.buffer, ReduceOp.AVG, f"{ctx.prefix}.bucket{b.index}", timed=timed,
+                                  check=None if b.algo not in b.validated else False, algorithm=b.algo)
+        observe = ctx.observe
+        if observe is not None:
+            algo, nbytes = b.algo, b.buffer.numel() * b.buffer.element_size()
+            fut.add_done_callback(lambda f: observe(algo, nbytes, f.span()))
+        return fut
 
     def finish(self, b: Bucket, result: Any) -> None:
         pass  # the average is in the buffer
