@@ -255,3 +255,14 @@ def sweep_in_job(o: SweepOptions) -> int:
     if dist.is_initialized():  # the Gloo group made for `native` beside another transport
         dist.destroy_process_group()
     return 1 if wrong else 0
+
+
+def relaunch(command: str, np_: int | None, transport: str | None, hosts: str | None, cluster: bool) -> int:
+    """Outside a job, run ``ringlet COMMAND`` (this process's arguments without the launch options) as a
+    job: ``np_`` ranks (default: every slot of ``hosts`` or the cluster, else 2 on this host). Returns
+    the job's exit status; ``LaunchError`` when it cannot start."""
+    from ..launch import run
+
+    cmd = [sys.executable, "-m", "ringlet.cli.main", command] + strip_launch_args(sys.argv[2:])
+    np_ = np_ if np_ is not None or hosts or cluster else 2
+    return run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster)

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Iterable
 
+from ..busbw_plot import busbw_axes
 from .sweep import CompressionRow, Row
 
 _COLS = ("size", "count", "dtype", "op", "impl", "oop_us", "oop_algbw", "oop_busbw", "oop_wrong",
@@ -87,28 +88,14 @@ def write_csv(path: str, rows: list[Row]) -> None:
 
 def plot(path: str, rows: list[Row], title: str = "", link_gbps: float | None = None) -> None:
     """busbw against size (log axis), one line per collective × implementation; the link rate as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
     series: dict[str, list[tuple[int, float]]] = {}
     colls = {r.collective for r in rows}
     for r in rows:
         label = r.impl if len(colls) == 1 else f"{r.collective} {r.impl}"
         series.setdefault(label, []).append((r.size, r.oop_busbw))
-    for label, pts in series.items():
-        pts.sort()
-        ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o", markersize=3, label=label)
-    if link_gbps:
-        ax.axhline(link_gbps, color="black", linestyle="--", linewidth=1, label=f"link {link_gbps:.3f} GB/s")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with busbw_axes(path, title) as ax:
+        for label, pts in series.items():
+            pts.sort()
+            ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o", markersize=3, label=label)
+        if link_gbps:
+            ax.axhline(link_gbps, color="black", linestyle="--", linewidth=1, label=f"link {link_gbps:.3f} GB/s")

@@ -22,8 +22,8 @@ import sys
 import click
 
 from ..bench.impls import COLLECTIVES, compressions
-from ..bench.job import SweepOptions, inside_job, strip_launch_args, sweep_in_job
-from ..launch import LaunchError, run
+from ..bench.job import SweepOptions, inside_job, relaunch, sweep_in_job
+from ..launch import LaunchError
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,11 +81,8 @@ def bench_cli(np_, transport, hosts, cluster, ringlet_transport, collectives, al
         except (OSError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--predict") from None
     if not inside_job():
-        cmd = [sys.executable, "-m", "ringlet.cli.main", "bench"] + strip_launch_args(sys.argv[2:])
-        # Without -np: every slot of --hosts / the cluster, else 2 ranks on this host.
-        np_ = np_ if np_ is not None or hosts or cluster else 2
         try:
-            sys.exit(run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster))
+            sys.exit(relaunch("bench", np_, transport, hosts, cluster))
         except LaunchError as exc:
             raise click.ClickException(str(exc)) from None
     opts = SweepOptions(collectives, algorithms, compare, min_bytes, max_bytes, factor, dtype, op, iters, warmup,

@@ -15,8 +15,8 @@ import sys
 
 import click
 
-from ..bench.job import inside_job, strip_launch_args
-from ..launch import LaunchError, run
+from ..bench.job import inside_job, relaunch
+from ..launch import LaunchError
 
 _NOISY = 0.25  # RMS relative residual beyond which the fit is reported as unreliable
 
@@ -33,10 +33,8 @@ _NOISY = 0.25  # RMS relative residual beyond which the fit is reported as unrel
 def tune_cli(np_, transport, hosts, cluster, out, quick):
     """Measure alpha and beta per link class and gamma on this cluster; save the profile."""
     if not inside_job():
-        cmd = [sys.executable, "-m", "ringlet.cli.main", "tune"] + strip_launch_args(sys.argv[2:])
-        np_ = np_ if np_ is not None or hosts or cluster else 2
         try:
-            sys.exit(run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster))
+            sys.exit(relaunch("tune", np_, transport, hosts, cluster))
         except LaunchError as exc:
             raise click.ClickException(str(exc)) from None
     sys.exit(_tune_in_job(out, "quick" if quick else "full"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..busbw_plot import busbw_axes
 from ..tuning.network import Network, Topology, host_layout
 from .result import SimResult
 from .sizes import fmt_size
@@ -45,28 +46,12 @@ def write_json(path: str, rows: list[SimResult], topology: Topology, network: Ne
 
 def plot(path: str, rows: list[SimResult], title: str = "") -> None:
     """busbw (GB/s) against size (log axis), one line per algorithm; predicted points hollow."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, algorithm in enumerate(dict.fromkeys(r.algorithm for r in rows)):
-        pts = sorted((r.nbytes, r.busbw / 1e9, r.source) for r in rows if r.algorithm == algorithm and r.nbytes)
-        line, = ax.plot([s for s, _, _ in pts], [b for _, b, _ in pts], marker="o", markersize=3, label=algorithm,
-                        linestyle=("-", "--", "-.", ":")[i % 4])  # lines that coincide stay visible
-        model = [(s, b) for s, b, src in pts if src == "model"]
-        if model:
-            ax.plot(*zip(*model), linestyle="none", marker="o", markersize=6, markerfacecolor="none",
-                    color=line.get_color())
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with busbw_axes(path, title) as ax:
+        for i, algorithm in enumerate(dict.fromkeys(r.algorithm for r in rows)):
+            pts = sorted((r.nbytes, r.busbw / 1e9, r.source) for r in rows if r.algorithm == algorithm and r.nbytes)
+            line, = ax.plot([s for s, _, _ in pts], [b for _, b, _ in pts], marker="o", markersize=3,
+                            label=algorithm, linestyle=("-", "--", "-.", ":")[i % 4])  # coinciding lines stay visible
+            model = [(s, b) for s, b, src in pts if src == "model"]
+            if model:
+                ax.plot(*zip(*model), linestyle="none", marker="o", markersize=6, markerfacecolor="none",
+                        color=line.get_color())
