@@ -1,0 +1,13 @@
+"""Every test starts from no calibration profile: a developer's ``ringlet tune`` cache (or a
+``RINGLET_PROFILE`` in the shell) would otherwise install a cost model in the test jobs and change
+what ``algorithm="auto"`` runs. Tests of profiles set these variables themselves."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def pytest_configure(config) -> None:
+    os.environ["RINGLET_PROFILE_DIR"] = tempfile.mkdtemp(prefix="ringlet-test-profiles-")
+    os.environ.pop("RINGLET_PROFILE", None)
+    os.environ.pop("RINGLET_TUNE", None)
