@@ -30,13 +30,12 @@ import torch.nn.functional as F
 from case_harness import check, identical_across_ranks, model_state, worker_main
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from prio_models import data, make_model, make_optimizer, train  # noqa: E402
+from prio_models import SMALL, data, make_model, make_optimizer, overlapped, train  # noqa: E402
 
 from ringlet import timeline  # noqa: E402
 from ringlet.torch.training import DistributedDataParallel, Priority  # noqa: E402
 from ringlet.torch.training.forward_overlap import forward_overlap  # noqa: E402
 
-SMALL = 200
 TOL = 1e-6
 
 
@@ -58,9 +57,7 @@ def case_equivalence(rank: int, opt: str):
 def case_front_first(rank: int):
     def run(numbers):
         net = make_model()
-        ddp = DistributedDataParallel(net, bucket_cap_mb=0.002, first_bucket_cap_mb=0.001, tune=False,
-                                      priority=Priority(SMALL))
-        opt = ddp.overlap_optimizer(make_optimizer("sgd", net.parameters()))
+        ddp, opt = overlapped(net)
         for s in range(3):
             opt.zero_grad()
             x, y = data(rank, s)

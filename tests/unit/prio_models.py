@@ -30,13 +30,28 @@ class Deep(torch.nn.Module):
         return self.late(h)
 
 
-def make_model(width: int = 24) -> Deep:
-    net = Deep(width)
-    g = torch.Generator().manual_seed(0)  # not torch's global generator: ranks may be threads
+def seeded_(net: torch.nn.Module) -> torch.nn.Module:
+    """The same parameters on every rank, from a private generator (ranks may be threads)."""
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for q in net.parameters():
             q.copy_(torch.randn(q.shape, generator=g) * 0.3)
     return net
+
+
+def make_model(width: int = 24) -> Deep:
+    return seeded_(Deep(width))
+
+
+SMALL = 200  # bytes: several pieces per bucket of the test model
+
+
+def overlapped(net: torch.nn.Module, optimizer: str = "sgd"):
+    """``(ddp, opt)``: ``net`` in a small-bucket DDP with priority pieces of ``SMALL`` bytes and
+    ``opt`` under ``overlap_optimizer``."""
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002, first_bucket_cap_mb=0.001, tune=False,
+                                  priority=Priority(SMALL))
+    return ddp, ddp.overlap_optimizer(make_optimizer(optimizer, net.parameters()))
 
 
 def data(rank: int, step: int, rows: int = 6):

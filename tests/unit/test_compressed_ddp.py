@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import run_world
+from prio_models import data, seeded_
 from test_compressed_allreduce import ref_scatter
 from testonly_compressors import FakeEF
 
@@ -15,17 +16,7 @@ from ringlet.torch.training.factor_reduction import FactorReduction
 
 
 def model(width: int = 16) -> torch.nn.Module:
-    net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
-    g = torch.Generator().manual_seed(0)  # not torch's global generator: ranks are threads here
-    with torch.no_grad():
-        for q in net.parameters():
-            q.copy_(torch.randn(q.shape, generator=g) * 0.3)
-    return net
-
-
-def data(rank: int, step: int, rows: int = 6):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(rows, 8, generator=g), torch.randn(rows, 4, generator=g)
+    return seeded_(torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 4)))
 
 
 def train(rank: int, steps: int, micro: int = 1, **ddp_kw):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import run_world
-from prio_models import data, flat, make_model, make_optimizer, train
+from prio_models import SMALL, data, flat, make_model, make_optimizer, overlapped, train
 
 from ringlet.torch.training import DistributedDataParallel, Priority
 from ringlet.torch.training.buckets import BucketSet
@@ -18,7 +18,6 @@ from ringlet.torch.training.piece_round import choose_order
 from ringlet.torch.training.pieces import piece_layout, plan_bucket, spacing, split_even
 from ringlet.torch.training.reduction import DenseReduction
 
-SMALL = 200  # bytes: several pieces per bucket of the test model
 
 
 # ---- the strategy object --------------------------------------------------------------------------------
@@ -264,9 +263,7 @@ def test_state_dict_lands_the_pending_update():
     def fn(rank):
         fifo, _, _ = train(rank, 2)
         net = make_model()
-        ddp = DistributedDataParallel(net, bucket_cap_mb=0.002, first_bucket_cap_mb=0.001, tune=False,
-                                      priority=Priority(SMALL))
-        opt = ddp.overlap_optimizer(make_optimizer("sgd", net.parameters()))
+        ddp, opt = overlapped(net)
         for s in range(2):
             opt.zero_grad()
             x, y = data(rank, s)
