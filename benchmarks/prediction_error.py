@@ -5,7 +5,8 @@
     python benchmarks/prediction_error.py 4x1_1gbit.json:"4 hosts x 1, 1 Gbit/s" 2x2_1gbit.json \
         --out benchmarks/results/prediction_error.md
 
-Each input is ``PATH`` or ``PATH:LABEL`` (default label: ranks, hosts and transport from the file). For
+Each input is ``PATH`` or ``PATH:LABEL`` (default label: ranks, hosts and transport from the file);
+inputs with the same label are one cluster (a small-size and a large-size sweep, say). For
 every cluster and algorithm: the mean absolute relative error ``|predicted − measured| / measured`` of
 the rows of at least 1 MiB and of the smaller ones, the largest of each, and whether the means meet the
 targets (≤ 10 % at ≥ 1 MiB, ≤ 25 % below).
@@ -90,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="write the markdown here (default: stdout)")
     ap.add_argument("--command", default="", help="the command that produced the inputs, recorded above the table")
     args = ap.parse_args(argv)
-    clusters = []
+    merged: dict[str, dict[str, Errors]] = {}  # files with one label (two sweeps of one cluster) add up
     for item in args.inputs:
         path, _, label = item.partition(":")
         got_label, errors = read(path)
-        clusters.append((label or got_label, errors))
+        into = merged.setdefault(label or got_label, {})
+        for algo, e in errors.items():
+            old = into.get(algo, Errors((), ()))
+            into[algo] = Errors(old.large + e.large, old.small + e.small)
+    clusters = list(merged.items())
     text = (f"Command: `{args.command}`\n\n" if args.command else "") + table(clusters) + "\n"
     if args.out:
         with open(args.out, "w") as fh:

@@ -148,3 +148,18 @@ def test_bad_input():
                 {"bucket_sizes": ()}):
         with pytest.raises(ValueError):
             Policy(**bad)
+
+
+def test_the_per_call_constant_is_taken_off_before_correcting():
+    """Times that are the calibrated prediction (per-call constant included) leave every factor at 1."""
+    base = Network(BASE.links, BASE.gamma, op=4e-3)
+    host_of, model = layout(4, 1), select.Model(base)
+    a = Adaptive(model, host_of, policy=POLICY)
+    sizes = {"small": 4096, "big": 64 << 20}
+    a.track(sizes)
+    for step in range(30):
+        for n in sizes.values():
+            choice = model.choose(n, host_of)
+            a.record(choice.algorithm, n, model.seconds(choice, n, host_of), choice.segment_bytes)
+        a.apply(a.numbers(), step)
+    assert a.factors == pytest.approx([1.0] * 5, abs=1e-6) and a.fitted.op == base.op

@@ -111,6 +111,13 @@ def test_calibration_gives_every_rank_the_same_profile(name):
         assert len(first.info["samples"][cls]["points"]) == 2 * len(TINY.sizes)
     if len(expect) == 1:  # the absent class copies the measured one
         assert first.network[INTRA] == first.network[INTER]
+    net = first.network
+    assert net.op >= 0 and net.check >= 0 and net.check == first.info["check_overhead"]
+    if p > 1:  # the per-call constant came from whole all-reduces of both kinds
+        assert sorted(first.info["per_call"]) == ["recursive_doubling", "ring"]
+        assert all(v["measured"] > 0 and v["predicted"] >= 0 for v in first.info["per_call"].values())
+    else:
+        assert net.op == 0 and first.info["per_call"] == {}
 
 
 def test_calibration_refuses_a_layout_of_the_wrong_size():

@@ -27,8 +27,8 @@ class FakePrediction:
 
 def stand_in(calls: list):
     """A predict_allreduce with the cost API's signature: 2 steps of alpha + bytes beta (inter)."""
-    def predict_allreduce(algorithm, nbytes, topology, network, *, itemsize=4, segment_bytes=None):
-        calls.append((algorithm, nbytes, topology, network, itemsize, segment_bytes))
+    def predict_allreduce(algorithm, nbytes, topology, network, *, itemsize=4, segment_bytes=None, checked=False):
+        calls.append((algorithm, nbytes, topology, network, itemsize, segment_bytes, checked))
         if algorithm == "unknown":
             raise ValueError("no such algorithm")
         return FakePrediction(2 * (network[INTER].alpha + nbytes * network[INTER].beta))
@@ -50,7 +50,7 @@ def test_predictions_go_into_the_rows(size):
     n = predict.add_predictions(rows, setup)
     assert n == 2
     assert [c[0] for c in calls] == ["ring", "tree", "unknown"]
-    assert all(c[1] == size and c[2] is TOPO and c[3] is NET and c[4:] == (4, 1 << 20) for c in calls)
+    assert all(c[1] == size and c[2] is TOPO and c[3] is NET and c[4:] == (4, 1 << 20, False) for c in calls)
     ring, tree = rows[0].extra, rows[1].extra
     assert ring["predicted_us"] == pytest.approx(expected_us) and ring["pred_err"] == pytest.approx(-0.2)
     assert tree["pred_err"] == pytest.approx(0.0, abs=1e-12) and tree["pred_against"] == "ip_us"

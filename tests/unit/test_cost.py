@@ -123,7 +123,7 @@ def test_other_collectives(p):
 def test_terms_add_up_and_split_by_link_class():
     pred = cost.predict_allreduce("hierarchical", 4 << 20, Topology((0, 0, 1, 1)), NET, segment_bytes=1 << 18)
     t = pred.terms
-    assert close(t["alpha"] + t["beta"] + t["gamma"], pred.seconds, 1e-9)
+    assert close(t["alpha"] + t["beta"] + t["gamma"], pred.seconds, 1e-9) and t["op"] == t["check"] == 0
     assert close(t["alpha.intra"] + t["alpha.inter"], t["alpha"], 1e-9)
     assert t["beta.inter"] > t["beta.intra"] > 0 and t["gamma"] > 0
     assert pred.steps == 4 and pred.segments == 8 and pred.messages == 16 and pred.segment_bytes == 1 << 18
@@ -134,6 +134,34 @@ def test_nothing_to_move_costs_nothing(algorithm):
     pred = cost.predict_allreduce(algorithm, 0, Topology(flat(4)), NET)
     assert pred.seconds == 0.0 and pred.steps == 0
     assert cost.predict_allreduce(algorithm, 64, Topology((0,)), NET).seconds == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling", "hierarchical"])
+def test_the_per_call_constant_and_the_check_are_added_once(algorithm):
+    topo, net = Topology((0, 0, 1, 1)), Network(NET.links, G, op=3e-3, check=2e-3)
+    base = cost.predict_allreduce(algorithm, 1 << 20, topo, NET)
+    pred = cost.predict_allreduce(algorithm, 1 << 20, topo, net)
+    checked = cost.predict_allreduce(algorithm, 1 << 20, topo, net, checked=True)
+    assert close(pred.seconds, base.seconds + 3e-3, 1e-9) and close(checked.seconds, pred.seconds + 2e-3, 1e-9)
+    t = checked.terms
+    assert t["op"] == 3e-3 and t["check"] == 2e-3
+    assert close(t["alpha"] + t["beta"] + t["gamma"] + t["op"] + t["check"], checked.seconds, 1e-9)
+    model = cost.AllreduceCost(algorithm, topo)  # the per-size path (selection) adds it too
+    assert close(float(model.seconds(1 << 20, net, 4, [float("inf")])[0]), pred.seconds, 1e-9)
+    assert cost.predict_allreduce(algorithm, 0, topo, net).seconds == 0.0  # nothing moves, nothing is called
+    assert cost.predict_allreduce(algorithm, 0, topo, net, checked=True).seconds == 2e-3  # but the ranks agree
+
+
+def test_the_constants_table_round_trips_and_refuses_bad_values():
+    net = Network(NET.links, G, op=3e-3, check=2e-3)
+    assert Network.from_dict(net.to_dict()) == net
+    old = net.to_dict()
+    del old["op"], old["check"]
+    assert Network.from_dict(old) == Network(NET.links, G)  # profiles from before the per-call constant
+    assert "per call 3000.00 us, metadata check 2000.00 us" in net.table()
+    for bad in ({"op": -1.0}, {"check": float("nan")}):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            Network(NET.links, G, **bad)
 
 
 def test_bad_input():

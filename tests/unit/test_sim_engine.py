@@ -165,3 +165,12 @@ def test_segment_policies():
     for bad in (0, -5, True, 2.5, "x"):
         with pytest.raises(ValueError):
             policy(bad)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling"])
+def test_the_per_call_constant_is_added_once_as_the_cost_model_adds_it(algorithm):
+    topo, n = Topology.uniform(8, 2), 4 << 20
+    net = Network(NET.links, NET.gamma, op=2e-3, check=5e-3)  # check: the caller's, never the replay's
+    base, with_op = (simulate("allreduce", algorithm, n, topo, x).seconds for x in (NET, net))
+    assert with_op == pytest.approx(base + 2e-3, rel=1e-9)
+    assert simulate("allreduce", algorithm, 0, topo, net).seconds == 0.0

@@ -212,7 +212,8 @@ def _predict(o: SweepOptions, rows: list, rt) -> None:
     network, topology, source = model
     itemsize = torch.empty(0, dtype=getattr(torch, o.dtype)).element_size()
     segment = predict.executor_segment(rt.options.segment_bytes, tuple(rt.world.host_of), itemsize)
-    if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment)):
+    if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment,
+                                                                  rt.options.check)):
         print(f"# predictions from {source}\n{predict.table(rows)}", flush=True)
 
 

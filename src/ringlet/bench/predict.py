@@ -49,14 +49,16 @@ def _measured(row: Row) -> tuple[float, str]:
 @dataclass(frozen=True)
 class PredictionSetup:
     """What predicting a row needs: the profile's ``network``, the job's ``topology``, the element size,
-    the cost model's ``predict`` (``predict_allreduce``) and ``segment(algorithm, nbytes)``, the segment
-    the executor runs that algorithm with (:func:`executor_segment`)."""
+    the cost model's ``predict`` (``predict_allreduce``), ``segment(algorithm, nbytes)``, the segment
+    the executor runs that algorithm with (:func:`executor_segment`), and whether the measured calls
+    ``checked`` their metadata (the runtime's ``check`` option: the model adds the network's ``check``)."""
 
     network: object
     topology: object
     itemsize: int
     predict: Predictor
     segment: Callable[[str, int], int | None]
+    checked: bool = False
 
 
 def executor_segment(default: int, host_of: tuple[int, ...], itemsize: int) -> Callable[[str, int], int | None]:
@@ -89,7 +91,7 @@ def add_predictions(rows: Iterable[Row], setup: PredictionSetup) -> int:
         segment = setup.segment(algo, row.size)
         try:
             pred = setup.predict(algo, row.size, setup.topology, setup.network, itemsize=setup.itemsize,
-                                 segment_bytes=segment)
+                                 segment_bytes=segment, checked=setup.checked)
         except ValueError:
             continue
         measured, column = _measured(row)

@@ -54,8 +54,10 @@ def _tune_in_job(out: str, plan: str) -> int:
         print(f"# ringlet tune: {fp.describe()}, plan {plan}, {prof.info['seconds']:.1f} s", flush=True)
         print(prof.network.table())
         info = prof.info
-        print(f"per operation (not in the table): {info['op_overhead'] * 1e6:.2f} us executing a schedule, "
-              f"{info['check_overhead'] * 1e6:.2f} us the metadata check")
+        print(f"executing one schedule (chain fit, not in the table): {info['op_overhead'] * 1e6:.2f} us")
+        for algorithm, v in sorted(info.get("per_call", {}).items()):
+            print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us, steps predicted "
+                  f"{v['predicted'] * 1e6:.1f} us")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

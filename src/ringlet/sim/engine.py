@@ -116,7 +116,8 @@ class _State:
 
 def replay(schedule: Schedule, topology: Topology, network: Network, *, itemsize: int = 4,
            segment_bytes: int | None = None) -> Replay:
-    """Replay ``schedule`` on ``topology`` with the constants of ``network`` (model in the module doc).
+    """Replay ``schedule`` on ``topology`` with the constants of ``network`` (model in the module doc),
+    plus the network's per-call ``op`` when anything moves.
 
     ``itemsize`` is the bytes per element of the schedule's ranges; ``segment_bytes`` the pipelining
     segment (``None``: no segmentation). ``ValueError`` when the topology's rank count differs from the
@@ -137,4 +138,6 @@ def replay(schedule: Schedule, topology: Topology, network: Network, *, itemsize
             largest = max(largest, int(st.count.max()) * itemsize)
         state.advance(st)
     seconds = float(state.last.max()) if schedule.nranks else 0.0
+    if transfers:
+        seconds += network.op  # the per-call software cost, once (as the cost model counts it)
     return Replay(seconds, schedule.num_steps, transfers, largest, segment_bytes)

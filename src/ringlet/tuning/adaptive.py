@@ -46,6 +46,7 @@ rule with its own streak: the proposal minimises the communication left after th
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -140,7 +141,8 @@ class Adaptive:
             x = self._terms(algorithm, int(nbytes), segment_bytes)
         except ValueError:
             return
-        if sum(x) > 0:
+        seconds -= self.calibrated.op  # the per-call constant is not corrected: only what the features carry
+        if sum(x) > 0 and seconds > 0:
             self._samples.append((x, float(seconds)))
 
     def record_backward(self, seconds: float) -> None:
@@ -219,8 +221,9 @@ class Adaptive:
         lo, hi = self.policy.bounds
         self.factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
         c, f = self.calibrated, self.factors
-        self.fitted = Network({INTRA: LinkCost(c[INTRA].alpha * f[0], c[INTRA].beta * f[2]),
-                               INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, c.gamma * f[4])
+        self.fitted = dataclasses.replace(
+            c, links={INTRA: LinkCost(c[INTRA].alpha * f[0], c[INTRA].beta * f[2]),
+                      INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, gamma=c.gamma * f[4])
 
     def _due(self, kind: str, better: bool, step: int) -> bool:
         """Hysteresis: ``better`` at enough consecutive agreements, and far enough from the last switch."""

@@ -21,9 +21,9 @@ Protocol (docs/tuning.md gives the reasons):
    repetitions is kept.
 3. **Fit.** :func:`~ringlet.tuning.fit.fit_link` on ``seconds = overhead + steps·(α + sharing·b·β)``:
    relative least squares, non-negative, one round of outlier rejection. ``overhead`` (per executed
-   operation, not per step) is reported in ``info`` (``op_overhead``), not in the :class:`Network`; so
-   is ``check_overhead``, the time of the metadata agreement a checked collective makes before its
-   data moves (slowest rank, median).
+   schedule, not per step) is reported in ``info`` (``op_overhead``); the :class:`Network`'s ``check``
+   is the time of the metadata agreement a checked collective makes before its data moves (slowest
+   rank, median; also ``info["check_overhead"]``).
 4. **γ.** Every rank times ``dst.add_(src)`` on float32 buffers of ``plan.gamma_sizes`` (cut to the
    segment size: the executor reduces one segment at a time) at the same time (the ranks of a host
    share its CPUs, as reductions in a collective do), the destination moving through 64 MiB so it
@@ -33,12 +33,17 @@ Protocol (docs/tuning.md gives the reasons):
    time budget drops the sizes from the first whose projected cost — its time per step extrapolated
    from the two sizes before — would exceed it) is taken on identical numbers; the profile rank 0
    builds is broadcast, so every rank holds the same bytes.
+6. **Per call.** Whole unchecked all-reduces of one element per rank through the engine's operation
+   (ring and recursive doubling: many steps and few) are timed like the chains; the network's ``op`` is
+   the mean of (measured − predicted by the cost model with the fitted constants and ``op = 0``), at
+   least 0: what a call costs beyond its steps (choosing, building, compiling, scaling).
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -48,6 +53,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .cost import predict_allreduce
 from .fit import LinkFit, Sample, fit_gamma, fit_link
 from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
 from .probe import Prober, chain, sharing, shift_pattern
@@ -179,12 +185,33 @@ def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) ->
     return gamma, per_call, [[s, float(t)] for s, t in zip(sizes, mean)]
 
 
-def _network(fits: dict[str, LinkFit], gamma: float) -> Network:
+def _network(fits: dict[str, LinkFit], gamma: float, check: float) -> Network:
     links = {c: LinkCost(f.alpha, f.beta) for c, f in fits.items()}
     for c in LINK_CLASSES:
         if c not in links:
             links[c] = next(iter(links.values())) if links else LinkCost(0.0, 0.0)
-    return Network(links, gamma)
+    return Network(links, gamma, check=check)
+
+
+_OP_ALGORITHMS = ("ring", "recursive_doubling")  # many steps and few: a per-call constant fits both
+
+
+def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network, host_of: tuple[int, ...]) -> tuple[float, dict]:
+    """The per-call constant (step 6 of the protocol) and, per algorithm, the agreed measured and
+    predicted seconds it came from."""
+    p = len(host_of)
+    if p < 2:
+        return 0.0, {}
+    flat, topology, repeat = torch.ones(p, dtype=torch.float32), Topology(host_of), 8
+    seen = {}
+    for algorithm in _OP_ALGORITHMS:
+        prober.time_allreduce(algorithm, flat, 1)  # warm-up: schedule built, plan compiled
+        mine = [prober.time_allreduce(algorithm, flat, repeat) for _ in range(_reps(plan, 4))]
+        measured = float(np.median(prober.gather(mine).max(axis=0)))
+        predicted = predict_allreduce(algorithm, 4 * p, topology, network).seconds
+        seen[algorithm] = {"measured": measured, "predicted": predicted}
+    op = statistics.fmean(v["measured"] - v["predicted"] for v in seen.values())
+    return max(0.0, op), seen
 
 
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
@@ -203,13 +230,16 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     gamma, per_add, gamma_points = _measure_gamma(prober, plan, rt.options.segment_bytes)
     check = [prober.time_check(8) for _ in range(plan.reps)]
     check_s = float(np.median(prober.gather(check).max(axis=0)))
+    network = _network(fits, gamma, check_s)
+    op, per_call = _measure_op(prober, plan, network, host_of)
+    network = dataclasses.replace(network, op=op)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
             "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
             "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},
             "op_overhead": max((f.overhead for f in fits.values()), default=0.0), "check_overhead": check_s,
-            "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points},
+            "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points}, "per_call": per_call,
             "hostnames": list(rt.hostnames)}
-    return Profile(Fingerprint.of(host_of, rt.transport.name), _network(fits, gamma), info)
+    return Profile(Fingerprint.of(host_of, rt.transport.name), network, info)
 
 
 def calibrate(rt, plan: CalibrationPlan | str = "full", *, host_of: Sequence[int] | None = None) -> Profile:

@@ -42,7 +42,9 @@ EXACT_MESSAGES = 200_000  # below this many transfers, small counts use the real
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted time of one collective. ``seconds`` = ``terms["alpha"] + terms["beta"] + terms["gamma"]``;
+    """Predicted time of one collective. ``seconds`` = ``terms["alpha"] + terms["beta"] + terms["gamma"] +
+    terms["op"] + terms["check"]`` (``op``: the network's per-call cost; ``check``: its metadata
+    agreement, counted when the call is checked);
     ``terms["alpha.inter"]`` etc. split each part by link class (of the transfers that set the time).
     ``steps``: dependent steps; ``segment_bytes``: as asked (None: unsegmented); ``messages``: transfers
     before segmentation; ``segments``: segments of the largest transfer."""
@@ -63,19 +65,23 @@ def _check(itemsize: int, segment_bytes: int | None) -> None:
 
 
 def predict(schedule: Schedule, topology: Topology, network: Network, *, itemsize: int = 4,
-            segment_bytes: int | None = None) -> Prediction:
+            segment_bytes: int | None = None, checked: bool = False) -> Prediction:
     """Predicted time of ``schedule`` (any collective's) on ``topology`` with ``network``'s constants.
     ``itemsize``: bytes per element; ``segment_bytes``: the executor's pipeline granularity (None: each
-    transfer in one piece). ``ValueError`` when the schedule's rank count differs from the topology's,
-    or for a non-positive ``itemsize``/``segment_bytes``."""
+    transfer in one piece); ``checked``: the call agrees on its metadata first (adds ``network.check``).
+    ``ValueError`` when the schedule's rank count differs from the topology's, or for a non-positive
+    ``itemsize``/``segment_bytes``."""
     _check(itemsize, segment_bytes)
-    return _predict(Signature.of(schedule, topology), 1, network, itemsize, segment_bytes)
+    return _predict(Signature.of(schedule, topology), 1, network, itemsize, segment_bytes, checked)
 
 
-def _predict(sig: Signature, n: int, network: Network, itemsize: int, segment_bytes: int | None) -> Prediction:
+def _predict(sig: Signature, n: int, network: Network, itemsize: int, segment_bytes: int | None,
+             checked: bool = False) -> Prediction:
     seg = math.inf if segment_bytes is None else float(segment_bytes)
-    seconds = float(sig.seconds(n, network, itemsize, np.array([seg]))[0])
+    check = network.check if checked and sig.nranks > 1 else 0.0
+    seconds = float(sig.seconds(n, network, itemsize, np.array([seg]))[0]) + check
     terms, segments = sig.terms(n, network, itemsize, seg)
+    terms["check"] = check
     return Prediction(seconds, sig.steps if n > 0 else 0, segment_bytes, terms, sig.messages if n > 0 else 0,
                       segments)
 
@@ -94,14 +100,15 @@ def _elements(nbytes: int, itemsize: int) -> int:
 
 
 def predict_allreduce(algorithm: str, nbytes: int, topology: Topology, network: Network, *, itemsize: int = 4,
-                      segment_bytes: int | None = None) -> Prediction:
+                      segment_bytes: int | None = None, checked: bool = False) -> Prediction:
     """Predicted time of ``algorithm`` (a name in :data:`ringlet.algorithms.ALLREDUCE`) reducing
     ``nbytes`` bytes, from its real schedule. ``ValueError`` for an unknown name or ``nbytes`` not a
-    multiple of ``itemsize``. Selection uses :class:`AllreduceCost` instead (no schedule per size)."""
+    multiple of ``itemsize``. ``checked``: as in :func:`predict`. Selection uses :class:`AllreduceCost`
+    instead (no schedule per size)."""
     _check(itemsize, segment_bytes)
     n = _elements(nbytes, itemsize)
     schedule = _builder(algorithm)(topology.size, n, tuple(topology.host_of))
-    return predict(schedule, topology, network, itemsize=itemsize, segment_bytes=segment_bytes)
+    return predict(schedule, topology, network, itemsize=itemsize, segment_bytes=segment_bytes, checked=checked)
 
 
 def reference_count(topology: Topology) -> int:

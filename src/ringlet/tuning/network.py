@@ -13,7 +13,10 @@ rate-limited veth per host, loopback or shared memory inside) and a fat-tree's f
 Costs. A message of ``b`` bytes over class ``c`` alone on its links takes ``alpha[c] + b·beta[c]``
 seconds; reducing ``b`` bytes into a buffer takes ``b·gamma`` (float32 sum; other dtypes scale by
 bytes). ``alpha`` is everything per message (wire latency plus software), ``beta`` is 1/bandwidth as
-seen by the collective, so calibrated values already contain protocol overheads.
+seen by the collective, so calibrated values already contain protocol overheads. ``op`` is what one
+collective call costs beyond its steps (choosing, compiling, scaling: software, whatever the size), and
+``check`` what the metadata agreement of a checked call adds; both are per call, not per message, so
+they shift every algorithm alike and never change a choice, only the predicted time.
 """
 from __future__ import annotations
 
@@ -47,17 +50,22 @@ class LinkCost:
 
 @dataclass(frozen=True)
 class Network:
-    """The constants table: axes are link class (``intra``, ``inter``) × (``alpha``, ``beta``), and ``gamma``."""
+    """The constants table: axes are link class (``intra``, ``inter``) × (``alpha``, ``beta``), and
+    ``gamma`` (s/B), ``op`` (s per collective call), ``check`` (s per metadata agreement)."""
 
     links: Mapping[str, LinkCost]
     gamma: float = 0.0
+    op: float = 0.0
+    check: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [c for c in LINK_CLASSES if c not in self.links]
         if missing:
             raise ValueError(f"network lacks link classes {missing}")
-        if not (self.gamma >= 0 and math.isfinite(self.gamma)):
-            raise ValueError(f"gamma must be finite and >= 0, got {self.gamma}")
+        for name in ("gamma", "op", "check"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
     def __getitem__(self, cls: str) -> LinkCost:
         return self.links[cls]
@@ -74,13 +82,14 @@ class Network:
         return Network({INTRA: LinkCost(intra_alpha, intra_beta), INTER: LinkCost(alpha, beta)}, gamma)
 
     def to_dict(self) -> dict:
-        return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma}
+        return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma, "op": self.op,
+                "check": self.check}
 
     @staticmethod
     def from_dict(d: Mapping) -> "Network":
         try:
             links = {c: LinkCost(float(v["alpha"]), float(v["beta"])) for c, v in d["links"].items()}
-            return Network(links, float(d.get("gamma", 0.0)))
+            return Network(links, float(d.get("gamma", 0.0)), float(d.get("op", 0.0)), float(d.get("check", 0.0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a network table: {d!r}") from exc
 
@@ -91,6 +100,7 @@ class Network:
             lc = self.links[c]
             rows.append(f"{c:<6} {lc.alpha * 1e6:11.2f} {lc.beta * 1e9:12.4f} {lc.gbit:8.2f}")
         rows.append(f"gamma  {self.gamma * 1e9:.4f} ns/B ({'inf' if not self.gamma else f'{1e-9 / self.gamma:.2f}'} GB/s)")
+        rows.append(f"per call {self.op * 1e6:.2f} us, metadata check {self.check * 1e6:.2f} us")
         return "\n".join(rows)
 
 

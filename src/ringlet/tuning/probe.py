@@ -18,9 +18,10 @@ import torch
 
 from ..algorithms import barrier as barrier_schedules
 from ..algorithms.schedule import Schedule, ScheduleBuilder
+from ..engine import ops
 from ..engine.agree import agree, exchange
 from ..engine.meta import Kind, Meta
-from ..types import ReduceOp
+from ..types import ReduceOp, reduction
 from .network import INTER, INTRA, Topology
 
 Pattern = tuple[tuple[int, int], ...]  # (src, dst) pairs: every pair transfers at the same time
@@ -102,6 +103,18 @@ class Prober:
         t0 = time.perf_counter()
         for i in range(repeat):
             dsts[i % len(dsts)].add_(src)
+        return (time.perf_counter() - t0) / repeat
+
+    def time_allreduce(self, algorithm: str, flat: torch.Tensor, repeat: int) -> float:
+        """Seconds per unchecked all-reduce of ``flat`` with ``algorithm`` through the engine's operation
+        (:func:`ringlet.engine.ops.allreduce_`: choice, schedule, executor, scaling) over ``repeat``
+        back-to-back calls after a barrier (this rank's clock)."""
+        red = reduction(ReduceOp.SUM)
+        ch = self.rt.channel(self.group)
+        self.barrier()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            ops.allreduce_(ch, flat, red, algorithm)
         return (time.perf_counter() - t0) / repeat
 
     def time_check(self, repeat: int) -> float:

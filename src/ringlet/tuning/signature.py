@@ -28,7 +28,7 @@ from ..algorithms.schedule import Schedule
 from .network import INTER, INTRA, Network, Topology
 
 INTRA_LINK, INTER_LINK, REDUCTION = 0, 1, 2  # resource row kinds
-TERMS = ("alpha", "beta", "gamma", f"alpha.{INTRA}", f"alpha.{INTER}", f"beta.{INTRA}", f"beta.{INTER}")
+TERMS = ("alpha", "beta", "gamma", "op", f"alpha.{INTRA}", f"alpha.{INTER}", f"beta.{INTRA}", f"beta.{INTER}")
 _MIX, _MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1  # a multiplicative hash of resource profiles
 
 
@@ -188,18 +188,18 @@ class Signature:
 
     def seconds(self, n: int, network: Network, itemsize: int, segments: np.ndarray) -> np.ndarray:
         """Predicted seconds at ``n`` elements for each segment size in ``segments`` (bytes; ``inf`` =
-        unsegmented): the first segment through every step, then the busiest resource's remaining
-        segments."""
+        unsegmented): the network's per-call ``op``, the first segment through every step, then the
+        busiest resource's remaining segments. Nothing moves (no steps, ``n <= 0``): 0."""
         segments = np.asarray(segments, np.float64)
         if self.steps == 0 or n <= 0:
             return np.zeros(len(segments))
         (k, a, b, g), (rk, ra, rb, rg) = self._parts(n, network, itemsize, segments)
         tau = np.maximum.reduceat(a + b + g, self.starts, axis=1)
         rem = self._groups((rk - 1.0) * (ra + rb + rg))
-        return np.cumsum(tau, axis=1)[:, -1] + rem.max(axis=1)
+        return np.cumsum(tau, axis=1)[:, -1] + rem.max(axis=1) + network.op
 
     def terms(self, n: int, network: Network, itemsize: int, segment: float) -> tuple[dict, int]:
-        """The α/β/γ parts of the time at one segment size (keys :data:`TERMS`; α and β also per link
+        """The α/β/γ/op parts of the time at one segment size (keys :data:`TERMS`; α and β also per link
         class), and the most segments of any transfer."""
         terms = dict.fromkeys(TERMS, 0.0)
         if self.steps == 0 or n <= 0:
@@ -223,6 +223,7 @@ class Signature:
         terms["gamma"] = float(g[slow].sum() + (w * rg[rows]).sum())
         terms["alpha"] = terms[f"alpha.{INTRA}"] + terms[f"alpha.{INTER}"]
         terms["beta"] = terms[f"beta.{INTRA}"] + terms[f"beta.{INTER}"]
+        terms["op"] = network.op
         return terms, int(k.max())
 
 
@@ -249,7 +250,7 @@ class Stack:
         self.group_starts = np.cumsum([0] + [len(s.rstarts) for s in signatures])[:-1]
 
     def seconds(self, n: int, network: Network, itemsize: int, segments: np.ndarray) -> np.ndarray:
-        """Predicted seconds, shape (signatures, segment sizes)."""
+        """Predicted seconds, shape (signatures, segment sizes) (``n >= 1``)."""
         segments = np.asarray(segments, np.float64)
         sig = self.all
         (k, a, b, g), (rk, ra, rb, rg) = sig._parts(n, network, itemsize, segments)
@@ -257,4 +258,4 @@ class Stack:
         cs = np.concatenate([np.zeros((len(segments), 1)), np.cumsum(tau, axis=1)], axis=1)
         fill = cs[:, self.step_bounds[1:]] - cs[:, self.step_bounds[:-1]]
         rem = np.maximum.reduceat(sig._groups((rk - 1.0) * (ra + rb + rg)), self.group_starts, axis=1)
-        return (fill + rem).T
+        return (fill + rem).T + network.op
