@@ -24,8 +24,12 @@ import torch
 import ringlet
 from ringlet import collectives as _core
 from ringlet import compression as _compression
+from ringlet.engine import agree as _agree
+from ringlet.engine import ops as _ops
+from ringlet.engine.meta import Kind as _Kind
+from ringlet.engine.meta import Meta as _Meta
 from ringlet.group import Group
-from ringlet.types import ReduceOp
+from ringlet.types import ReduceOp, reduction
 
 __all__ = ["Comm", "CommFuture", "ensure_initialized", "session_key"]
 
@@ -159,6 +163,56 @@ class Comm:
         work = _core.compressed_allreduce_async_(t, spec, average=average, algorithm=algorithm or self.algorithm,
                                                  group=self.group, check=check)
         return _from_work(work)
+
+    # ---- flat buffers (ZeRO) ---------------------------------------------------------------------------
+    def reduce_scatter_flat_(self, flat: torch.Tensor, counts: Sequence[int], op: ReduceOp, name: str, *,
+                             prescale: float = 1.0, postscale: float = 1.0, check: bool = False) -> CommFuture:
+        """Reduce the contiguous 1-D ``flat`` (``sum(counts)`` elements; ``counts`` in group-rank order)
+        over the group in place. The value is this member's block — a view of ``flat``, ``counts[i]``
+        elements after the lower members' blocks — holding ``postscale · op(prescale · flat)`` (an average
+        divides by the group size); the rest of ``flat`` is scratch afterwards. Runs on ringlet's core
+        queue in submission order (also with ``ringlet.torch``'s coordinator running), like :meth:`submit`.
+        ``check``: the members first agree on ``name``, dtype and size (a ``MismatchError`` instead of
+        wrong sums). ``ValueError`` for a non-contiguous or not 1-D ``flat`` or counts that do not fit."""
+        red = reduction(op)
+        self._check_flat(flat, counts)
+
+        def job():
+            ch = self._channel()
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, pre=prescale, post=postscale))
+            _ops.scale_(flat, prescale)
+            block = _ops.reduce_scatter_(ch, flat, counts, red)
+            return _ops.finish_(block, red, ch.size, postscale)
+
+        return self.submit(job)
+
+    def allgather_flat_(self, flat: torch.Tensor, counts: Sequence[int], name: str, *, check: bool = False,
+                        algorithm: str = "ring") -> CommFuture:
+        """Fill the contiguous 1-D ``flat`` with every member's block in group-rank order (this member's
+        block, ``counts[i]`` elements after the lower members', must hold its data); the value is
+        ``flat``. Core queue, ``check`` and errors as :meth:`reduce_scatter_flat_`; ``algorithm``:
+        ``"ring"`` or ``"direct"``."""
+        self._check_flat(flat, counts)
+
+        def job():
+            ch = self._channel()
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
+            _ops.allgather_(ch, flat, counts, algorithm)
+            return flat
+
+        return self.submit(job)
+
+    def _check_flat(self, flat: torch.Tensor, counts: Sequence[int]) -> None:
+        if flat.dim() != 1 or not flat.is_contiguous():
+            raise ValueError(f"a flat buffer must be 1-D and contiguous, got shape {tuple(flat.shape)}")
+        if len(counts) != self.size or sum(counts) != flat.numel() or min(counts, default=0) < 0:
+            raise ValueError(f"counts {list(counts)} do not cut {flat.numel()} elements into {self.size} blocks")
+
+    def _channel(self):
+        rt = _core.runtime()
+        return rt.channel(self.group if self.group is not None else rt.world)
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:

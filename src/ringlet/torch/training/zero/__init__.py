@@ -1,0 +1,5 @@
+"""ZeRO: model state sharded over the data-parallel group (stage 1: optimizer state; 2: also gradients;
+3: also parameters), and checkpoints of it. ``layout`` says where every element lives."""
+from .layout import Even, Layout, Partition, WholeParameters
+
+__all__ = ["Layout", "Partition", "Even", "WholeParameters"]
