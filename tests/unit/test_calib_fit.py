@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ringlet.tuning.fit import LinkFit, Sample, fit_gamma, fit_link, nonnegative_lstsq
+from ringlet.tuning.fit import LinkFit, Sample, fit_gamma, fit_link, fit_per_call, nonnegative_lstsq
 
 SIZES = (4, 1 << 10, 16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20)
 
@@ -137,3 +137,17 @@ def test_beta_comes_from_the_bandwidth_bound_sizes():
     fit = fit_link(samples)
     assert fit.beta == pytest.approx(beta, rel=0.03)
     assert fit.alpha == pytest.approx(alpha, rel=0.1)
+
+
+@pytest.mark.parametrize("op, scale", [(0.0, 1.0), (2e-3, 0.15), (5e-4, 1.8)])
+def test_per_call_fit_separates_the_call_from_its_steps(op, scale):
+    calls = [(op + scale * a + rest, a, rest) for a, rest in ((3e-3, 1e-5), (1e-3, 2e-6))]
+    got_op, got_scale = fit_per_call(calls)
+    assert got_op == pytest.approx(op, abs=1e-9) and got_scale == pytest.approx(scale, rel=1e-9)
+
+
+def test_per_call_fit_without_two_step_counts_keeps_the_constants():
+    assert fit_per_call([(5e-3, 2e-3, 0.0)]) == pytest.approx((3e-3, 1.0))
+    assert fit_per_call([(1e-3, 2e-3, 0.0), (1e-3, 2e-3, 0.0)]) == (0.0, 1.0)  # never a negative op
+    with pytest.raises(ValueError, match="at least one"):
+        fit_per_call([])

@@ -114,8 +114,10 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     net = first.network
     assert net.op >= 0 and net.check >= 0 and net.check == first.info["check_overhead"]
     if p > 1:  # the per-call constant came from whole all-reduces of both kinds
-        assert sorted(first.info["per_call"]) == ["recursive_doubling", "ring"]
-        assert all(v["measured"] > 0 and v["predicted"] >= 0 for v in first.info["per_call"].values())
+        calls = dict(first.info["per_call"])
+        fit = calls.pop("fit")
+        assert sorted(calls) == ["recursive_doubling", "ring"] and fit["op"] == net.op and fit["alpha_scale"] > 0
+        assert all(v["measured"] > 0 and v["predicted"] >= 0 for v in calls.values())
     else:
         assert net.op == 0 and first.info["per_call"] == {}
 

@@ -55,9 +55,13 @@ def _tune_in_job(out: str, plan: str) -> int:
         print(prof.network.table())
         info = prof.info
         print(f"executing one schedule (chain fit, not in the table): {info['op_overhead'] * 1e6:.2f} us")
-        for algorithm, v in sorted(info.get("per_call", {}).items()):
-            print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us, steps predicted "
+        per_call = dict(info.get("per_call", {}))
+        fit = per_call.pop("fit", None)
+        for algorithm, v in sorted(per_call.items()):
+            print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us, chain constants predict "
                   f"{v['predicted'] * 1e6:.1f} us")
+        if fit:
+            print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f} (in the table)")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

@@ -34,9 +34,14 @@ Protocol (docs/tuning.md gives the reasons):
    from the two sizes before — would exceed it) is taken on identical numbers; the profile rank 0
    builds is broadcast, so every rank holds the same bytes.
 6. **Per call.** Whole unchecked all-reduces of one element per rank through the engine's operation
-   (ring and recursive doubling: many steps and few) are timed like the chains; the network's ``op`` is
-   the mean of (measured − predicted by the cost model with the fitted constants and ``op = 0``), at
-   least 0: what a call costs beyond its steps (choosing, building, compiling, scaling).
+   (ring and recursive doubling: many steps and few) are timed back to back for about a quarter of a
+   second per timing (sustained, as training calls them: a CPU quota lets short bursts run faster) and
+   fitted as
+   ``measured = op + scale · (their α part under the chain constants) + the rest``
+   (:func:`~ringlet.tuning.fit.fit_per_call`): ``op`` is what a call costs beyond its steps (choosing,
+   building, compiling, scaling), ``scale`` corrects both classes' α to what a step of a whole
+   collective pays (a CPU quota shared by a host's ranks makes chain steps dearer than collective
+   steps). ``info["per_call"]`` keeps the timings and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -54,7 +60,7 @@ import numpy as np
 import torch
 
 from .cost import predict_allreduce
-from .fit import LinkFit, Sample, fit_gamma, fit_link
+from .fit import LinkFit, Sample, fit_gamma, fit_link, fit_per_call
 from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
 from .probe import Prober, chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
@@ -194,24 +200,32 @@ def _network(fits: dict[str, LinkFit], gamma: float, check: float) -> Network:
 
 
 _OP_ALGORITHMS = ("ring", "recursive_doubling")  # many steps and few: a per-call constant fits both
+# Each per-call timing runs calls back to back for about this long (within these counts), three times: a
+# CPU quota (100 ms periods) lets a short burst run unthrottled, while training's calls are sustained.
+_SUSTAIN_S, _SUSTAIN_CALLS, _SUSTAIN_REPS = 0.25, (8, 512), 3
 
 
-def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network, host_of: tuple[int, ...]) -> tuple[float, dict]:
-    """The per-call constant (step 6 of the protocol) and, per algorithm, the agreed measured and
-    predicted seconds it came from."""
+def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
+                host_of: tuple[int, ...]) -> tuple[Network, dict]:
+    """Step 6 of the protocol: ``network`` with the per-call constant and the α correction from whole
+    all-reduces, and, per algorithm, the agreed measured and predicted seconds they came from."""
     p = len(host_of)
     if p < 2:
-        return 0.0, {}
-    flat, topology, repeat = torch.ones(p, dtype=torch.float32), Topology(host_of), 8
-    seen = {}
+        return network, {}
+    flat, topology = torch.ones(p, dtype=torch.float32), Topology(host_of)
+    seen, calls = {}, []
     for algorithm in _OP_ALGORITHMS:
-        prober.time_allreduce(algorithm, flat, 1)  # warm-up: schedule built, plan compiled
-        mine = [prober.time_allreduce(algorithm, flat, repeat) for _ in range(_reps(plan, 4))]
+        first = prober.gather([prober.time_allreduce(algorithm, flat, 4)]).max()  # also builds and compiles
+        repeat = int(min(_SUSTAIN_CALLS[1], max(_SUSTAIN_CALLS[0], math.ceil(_SUSTAIN_S / max(first, 1e-6)))))
+        mine = [prober.time_allreduce(algorithm, flat, repeat) for _ in range(_SUSTAIN_REPS)]
         measured = float(np.median(prober.gather(mine).max(axis=0)))
-        predicted = predict_allreduce(algorithm, 4 * p, topology, network).seconds
-        seen[algorithm] = {"measured": measured, "predicted": predicted}
-    op = statistics.fmean(v["measured"] - v["predicted"] for v in seen.values())
-    return max(0.0, op), seen
+        pred = predict_allreduce(algorithm, 4 * p, topology, network)
+        seen[algorithm] = {"measured": measured, "predicted": pred.seconds}
+        calls.append((measured, pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
+    op, scale = fit_per_call(calls)
+    seen["fit"] = {"op": op, "alpha_scale": scale}
+    links = {c: LinkCost(network[c].alpha * scale, network[c].beta) for c in LINK_CLASSES}
+    return dataclasses.replace(network, links=links, op=op), seen
 
 
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
@@ -230,9 +244,7 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     gamma, per_add, gamma_points = _measure_gamma(prober, plan, rt.options.segment_bytes)
     check = [prober.time_check(8) for _ in range(plan.reps)]
     check_s = float(np.median(prober.gather(check).max(axis=0)))
-    network = _network(fits, gamma, check_s)
-    op, per_call = _measure_op(prober, plan, network, host_of)
-    network = dataclasses.replace(network, op=op)
+    network, per_call = _measure_op(prober, plan, _network(fits, gamma, check_s), host_of)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
             "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
             "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},

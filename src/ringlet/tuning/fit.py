@@ -164,3 +164,21 @@ def fit_gamma(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, f
         big = int(np.argmax(b))
         return float(t[big] / b[big]), 0.0
     return float(x[1]), float(x[0])
+
+
+def fit_per_call(calls: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """``(op, scale)`` from whole collectives: each of ``calls`` is ``(measured, alpha_part, rest)`` — a
+    call's measured seconds, the α part of its prediction (the per-message terms) and the rest (β, γ) —
+    fitted as ``measured = op + scale · alpha_part + rest`` (least squares, both >= 0). Calls that differ
+    in their α part (many steps and few) separate the two: ``scale`` corrects the per-message constants
+    measured on chains to what whole collectives pay per step, ``op`` is the per-call rest. Without two
+    distinct α parts: ``scale`` 1 and ``op`` the mean residual (at least 0). ``ValueError`` for no calls."""
+    if not calls:
+        raise ValueError("fitting the per-call constant needs at least one timed call")
+    m = np.array([c[0] - c[2] for c in calls], dtype=float)
+    a = np.array([c[1] for c in calls], dtype=float)
+    if len(set(a.tolist())) >= 2 and (a > 0).all():
+        op, scale = nonnegative_lstsq(np.stack([np.ones_like(a), a], axis=1) / m[:, None], np.ones_like(m))
+        if scale > 0:
+            return float(op), float(scale)
+    return max(0.0, float(np.mean(m - a))), 1.0

@@ -1,0 +1,82 @@
+"""Re-predict a measured ``ringlet bench --predict`` sweep with a profile refitted offline: the per-call
+timings a profile already holds (``info["per_call"]``: whole ring and recursive-doubling all-reduces) go
+through today's :func:`ringlet.tuning.fit.fit_per_call`, and every predicted row is predicted again with
+the refitted network (same segment as before, checked as the sweep was). The measurements are untouched;
+``auto``'s choices in them were made with the old profile.
+
+    python benchmarks/refit_predictions.py PROFILE.json BENCH.json [BENCH.json ...] --out-dir DIR
+
+Writes ``DIR/profile.json`` (the refitted profile) and, per input, ``DIR/<name>`` with the new predictions;
+``benchmarks/prediction_error.py`` reads those.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from ringlet.tuning.cost import predict_allreduce
+from ringlet.tuning.fit import fit_per_call
+from ringlet.tuning.network import LINK_CLASSES, LinkCost, Topology
+from ringlet.tuning.profile import Profile
+
+
+def refit(profile: Profile) -> Profile:
+    """The profile with ``op`` and the α scale fitted from its own per-call timings."""
+    host_of = profile.fingerprint.host_of()
+    topology, p = Topology(host_of), len(host_of)
+    base = dataclasses.replace(profile.network, op=0.0)
+    calls = []
+    for algorithm, seen in profile.info["per_call"].items():
+        if algorithm == "fit":
+            continue
+        pred = predict_allreduce(algorithm, 4 * p, topology, base)
+        calls.append((seen["measured"], pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
+    op, scale = fit_per_call(calls)
+    links = {c: LinkCost(base[c].alpha * scale, base[c].beta) for c in LINK_CLASSES}
+    info = dict(profile.info, refit={"op": op, "alpha_scale": scale, "from": "benchmarks/refit_predictions.py"})
+    return Profile(profile.fingerprint, dataclasses.replace(base, links=links, op=op), info)
+
+
+def repredict(profile: Profile, path: str, out: str) -> int:
+    with open(path) as fh:
+        data = json.load(fh)
+    topology, done = Topology(profile.fingerprint.host_of()), 0
+    for row in data["rows"]:
+        extra = row.get("extra") or {}
+        if "predicted_us" not in extra:
+            continue
+        algorithm = row["impl"].split(":", 1)[1]
+        pred = predict_allreduce(algorithm, row["size"], topology, profile.network,
+                                 segment_bytes=extra["pred_segment_bytes"], checked=True)
+        us = pred.seconds * 1e6
+        measured = row[extra["pred_against"]]
+        extra.update(predicted_us=us, pred_err=(us - measured) / measured)
+        done += 1
+    data.setdefault("meta", {})["refit"] = profile.info["refit"]
+    with open(out, "w") as fh:
+        json.dump(data, fh, indent=1)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile")
+    ap.add_argument("benches", nargs="+")
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    prof = refit(Profile.load(args.profile))
+    prof.save(os.path.join(args.out_dir, os.path.basename(args.profile)))
+    fit = prof.info["refit"]
+    print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}")
+    for path in args.benches:
+        n = repredict(prof, path, os.path.join(args.out_dir, os.path.basename(path)))
+        print(f"  {path}: {n} rows re-predicted")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
