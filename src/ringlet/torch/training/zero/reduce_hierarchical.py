@@ -83,6 +83,7 @@ class HierarchicalReducer:
 
     def __init__(self, comm_or_group=None, *, host_of: Sequence[Hashable] | None = None, compression=None,
                  algorithm: str = "auto"):
+        self.compressor = None if compression is None else compressor_for_buckets(compression)
         self.comm = comm_or_group if isinstance(comm_or_group, Comm) else Comm(comm_or_group, algorithm)
         ranks = self.comm.ranks
         layout = Hosts.of(ranks, _job_host_of(ranks) if host_of is None else tuple(host_of))
@@ -95,7 +96,6 @@ class HierarchicalReducer:
         self.world = self.comm.size
         self.shard_size = layout.per_host
         self.shard_rank = self.host.ranks.index(me)
-        self.compressor = None if compression is None else compressor_for_buckets(compression)
 
     def reduce_scatter_(self, flat: torch.Tensor, counts: Sequence[int], name: str, state: dict | None = None,
                         *, check: bool = False) -> CommFuture:
