@@ -103,7 +103,9 @@ def case_hierarchical(rank, world, compression=None):
                 block, out, avg = reduce_and_gather(red, rank, world, n, counts, dtype, exact=compression is None,
                                                     state={})
                 mine = block_of(avg, counts, red.shard_rank).float().to(dtype)
-                replicas = ringlet.allgather(block.double().unsqueeze(0)) if n else None
+                placed = torch.zeros(n, dtype=torch.float64)
+                block_of(placed, counts, red.shard_rank).copy_(block)
+                replicas = ringlet.allgather(placed.unsqueeze(0)) if n else None
                 check(n == 0 or torch.equal(replicas[rank], replicas[(rank + 2) % 4]), f"{dtype} {n}: replicas")
                 if compression is None:
                     check(torch.equal(block, mine), f"{dtype} {n}: block")
