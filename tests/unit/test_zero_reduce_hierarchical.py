@@ -126,6 +126,31 @@ def test_default_layout_is_the_jobs_hosts():
     assert run_world(p, body) == [True] * p
 
 
+def test_a_sub_group_of_the_world():
+    """The data-parallel group is ranks 1..4 of six; ranks outside it make the same groups and are
+    refused."""
+    import ringlet
+
+    n = 11
+    counts = counts_of(n, 2, "ragged")
+
+    def body(rank):
+        group = ringlet.new_group([1, 2, 3, 4])
+        if rank not in group:
+            with pytest.raises(ValueError, match="not a member"):
+                HierarchicalReducer(group, host_of=(0, 0, 1, 1))
+            return None
+        red = HierarchicalReducer(group, host_of=(0, 0, 1, 1))
+        assert (red.world, red.shard_size, red.shard_rank) == (4, 2, (rank - 1) % 2)
+        return red.reduce_scatter_(bucket(rank, n, torch.float32), counts, "g", check=True).wait().clone()
+
+    outs = run_world(6, body)
+    avg = average([bucket(r, n, torch.float32) for r in range(1, 5)])
+    assert outs[0] is None and outs[5] is None
+    for r in range(1, 5):
+        assert torch.equal(outs[r], block_of(avg, counts, (r - 1) % 2).float())
+
+
 def test_hosts_layout_and_refusals():
     assert Hosts.of((0, 1, 2, 3), ("a", "b", "a", "b")).hosts == ((0, 2), (1, 3))
     assert Hosts.of((0, 1, 2, 3), (0, 0, 1, 1)).replicas() == ((0, 2), (1, 3))

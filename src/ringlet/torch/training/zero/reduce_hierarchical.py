@@ -75,7 +75,8 @@ class HierarchicalReducer:
     per host; ``shard_rank`` this rank's local index.
 
     Construction creates one group per host and one per local index (:func:`ringlet.new_group`): every
-    rank of the job must construct its reducers with the same arguments in the same order. Needs
+    rank of the job must construct its reducers with the same arguments in the same order (a rank outside
+    ``comm_or_group`` gets ``ValueError`` once the groups are made). Needs
     ringlet's core path (``ringlet.init``; with ``ringlet.torch`` initialised the sub-groups are refused
     with ``TypeError``). ``ValueError`` for unequal hosts, a ``host_of`` of the wrong length, and the
     compressors :func:`~ringlet.torch.training.zero.reduce_compressed.compressor_for_buckets` refuses.
@@ -90,6 +91,8 @@ class HierarchicalReducer:
         me = ringlet.rank()
         host_groups = [ringlet.new_group(h) for h in layout.hosts]
         replica_groups = [ringlet.new_group(r) for r in layout.replicas()]
+        if me not in ranks:  # after the groups: members and non-members made the same ones
+            raise ValueError(f"rank {me} is not a member of the reducer's group (ranks {list(ranks)})")
         self.hosts = layout
         self.host = Comm(next(g for g in host_groups if me in g), algorithm)
         self.cross = Comm(next(g for g in replica_groups if me in g), algorithm)
