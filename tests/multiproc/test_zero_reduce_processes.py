@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from case_jobs import run_worker
 
-CASES = ["compressed_lossless", "compressed_lossy", "hierarchical", "hierarchical_compressed", "unequal_hosts"]
+CASES = ["compressed_lossless", "compressed_lossy", "hierarchical", "hierarchical_compressed", "unequal_hosts", "coordinated"]
 
 
 @pytest.mark.multiproc

@@ -13,7 +13,10 @@ rank's bucket, so each checks its block against the exact average):
 * ``hierarchical``: ``HierarchicalReducer(host_of=(0, 0, 1, 1))``: the exact average in every dtype,
   both replicas of a block bitwise identical, the all-gather within the host;
 * ``hierarchical_compressed``: the same with ``int8+ef`` across hosts;
-* ``unequal_hosts``: ``host_of=(0, 0, 0, 1)`` raises ``ValueError`` on every rank (and nothing hangs).
+* ``unequal_hosts``: ``host_of=(0, 0, 0, 1)`` raises ``ValueError`` on every rank (and nothing hangs);
+* ``coordinated``: with ``ringlet.torch`` initialised ``CompressedReducer`` still gives the exact
+  average (its jobs run on the core queue beside the coordinator) and ``HierarchicalReducer`` raises
+  ``TypeError``.
 """
 from __future__ import annotations
 
@@ -127,12 +130,29 @@ def case_unequal_hosts(rank, world):
     return run
 
 
+def case_coordinated(rank, world):
+    def run(numbers):
+        import ringlet.torch as hvd
+
+        hvd.init()
+        red = CompressedReducer(Comm(), "none")
+        counts = counts_of(101, world, "ragged")
+        block, out, avg = reduce_and_gather(red, rank, world, 101, counts, torch.float32, state={})
+        check(torch.equal(out, avg.float()), "CompressedReducer under the coordinator")
+        try:
+            HierarchicalReducer(host_of=HOSTS)
+            check(False, "HierarchicalReducer under the coordinator did not raise")
+        except TypeError as err:
+            check("ringlet.torch" in str(err), str(err))
+    return run
+
+
 def make_cases(rank, world):
     return [("compressed_lossless", case_compressed_lossless(rank, world)),
             ("compressed_lossy", case_compressed_lossy(rank, world)),
             ("hierarchical", case_hierarchical(rank, world)),
             ("hierarchical_compressed", case_hierarchical(rank, world, "int8+ef")),
-            ("unequal_hosts", case_unequal_hosts(rank, world))]
+            ("unequal_hosts", case_unequal_hosts(rank, world)), ("coordinated", case_coordinated(rank, world))]
 
 
 if __name__ == "__main__":
