@@ -55,6 +55,7 @@ from ..compression.base import check_input
 from ..types import ReduceOp, reduction
 from . import ops
 from .channel import META_STEP, Channel
+from .payloads import Blocks, Contexts, put_payload, workspace_bytes
 
 if TYPE_CHECKING:
     from ..compression.base import Compressor
@@ -99,14 +100,7 @@ class _Job:
     def buffer(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
         """``nbytes`` bytes for one role of this call (``send``, ``recv``, ``gather``), kept in the
         channel's workspace between calls when it has one."""
-        ws = self.ch.workspace
-        if ws is None:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        key = ("engine.compressed", role, device)
-        buf = ws.get(key)
-        if buf is None or buf.numel() < nbytes:
-            buf = ws[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return buf[:nbytes]
+        return workspace_bytes(self.ch, ("engine.compressed", role, device), nbytes, device)
 
     def phase(self, first_step: int) -> Channel:
         """The channel whose step 0 is this call's step ``first_step``."""
@@ -150,70 +144,7 @@ def compressed_allreduce_(ch: Channel, flat: torch.Tensor, compressor: Compresso
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
-def _put(dst: torch.Tensor, payload: torch.Tensor, comp: Compressor) -> None:
-    """Copy ``payload`` into its slot ``dst`` of a byte buffer, checking its size and type."""
-    if payload.dtype != torch.uint8 or payload.numel() != dst.numel():
-        raise ValueError(f"compressor {comp.name} produced {payload.numel()} x {payload.dtype}, but its wire_bytes "
-                         f"promise {dst.numel()} x torch.uint8")
-    dst.copy_(payload.reshape(-1))
-
-
-@dataclass(frozen=True, slots=True)
-class _Blocks:
-    """The buffer cut into one block per rank, and the blocks' payloads laid end to end in a byte buffer
-    (an empty block has an empty payload: it is never compressed)."""
-
-    counts: tuple[int, ...]
-    offsets: tuple[int, ...]
-    wire: tuple[int, ...]
-    wire_offsets: tuple[int, ...]
-
-    @staticmethod
-    def of(n: int, p: int, comp: Compressor) -> "_Blocks":
-        counts = ops.split_rows(n, p)
-        wire = [comp.wire_bytes(c) if c else 0 for c in counts]
-        return _Blocks(tuple(counts), _starts(counts), tuple(wire), _starts(wire))
-
-    @property
-    def total_wire(self) -> int:
-        return sum(self.wire)
-
-    def elems(self, t: torch.Tensor, j: int) -> torch.Tensor:
-        return t[self.offsets[j]:self.offsets[j] + self.counts[j]]
-
-    def payload(self, buf: torch.Tensor, j: int) -> torch.Tensor:
-        return buf[self.wire_offsets[j]:self.wire_offsets[j] + self.wire[j]]
-
-
-def _starts(sizes: Sequence[int]) -> tuple[int, ...]:
-    out, at = [], 0
-    for s in sizes:
-        out.append(at)
-        at += s
-    return tuple(out)
-
-
-class _Contexts:
-    """Decompression contexts by block size. A context holds local facts (the element count, the dtype),
-    so one from compressing any float32 block of a size serves every payload of that size, other
-    ranks' too; a size this rank has not compressed gets its context from compressing zeros (with a
-    scratch state)."""
-
-    __slots__ = ("comp", "device", "by_size")
-
-    def __init__(self, comp: Compressor, device: torch.device):
-        self.comp, self.device = comp, device
-        self.by_size: dict[int, Any] = {}
-
-    def compress(self, block: torch.Tensor, state: dict) -> torch.Tensor:
-        payload, ctx = self.comp.compress(block, state)
-        self.by_size.setdefault(block.numel(), ctx)
-        return payload
-
-    def of(self, numel: int) -> Any:
-        if numel not in self.by_size:
-            self.compress(torch.zeros(numel, dtype=torch.float32, device=self.device), {})
-        return self.by_size[numel]
+_put, _Blocks, _Contexts = put_payload, Blocks, Contexts
 
 
 def _allgather_blocks(job: _Job, blocks: _Blocks, reduced: torch.Tensor, ctxs: _Contexts,

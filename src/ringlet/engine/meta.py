@@ -155,7 +155,7 @@ _FIELD_CHECKS = (
      "Mismatched {kind} tensor names: One rank sent {a}, but another rank sent {b} (submitted in another order?)."),
     ("op", (Kind.ALLREDUCE, Kind.REDUCESCATTER, Kind.REDUCE), lambda v: ReduceOp(v).name,
      "Mismatched {kind} reduction ops: One rank used {a}, but another rank used {b}."),
-    ("compression", (Kind.ALLREDUCE,), lambda v: repr(v) if v else "no compression",
+    ("compression", (Kind.ALLREDUCE, Kind.REDUCESCATTER), lambda v: repr(v) if v else "no compression",
      "Mismatched {kind} compression: One rank used {a}, but another rank used {b}."),
     ("root", (Kind.BROADCAST, Kind.REDUCE), str,
      "Mismatched {kind} root ranks: One rank specified root rank {a}, but another rank specified root rank {b}."),
@@ -168,6 +168,8 @@ _FIELD_CHECKS = (
                            "another rank specified device {b}."),
     ("splits", (Kind.ADD_PS,), list,
      "Mismatched add_process_set: One rank registered ranks {a}, but another rank registered ranks {b}."),
+    ("splits", (Kind.REDUCESCATTER,), list,
+     "Mismatched {kind} blocks: One rank cut the buffer into {a}, but another rank into {b}."),
 )
 
 

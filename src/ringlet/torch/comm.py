@@ -25,6 +25,7 @@ import ringlet
 from ringlet import collectives as _core
 from ringlet import compression as _compression
 from ringlet.engine import agree as _agree
+from ringlet.engine import compressed_rs as _crs
 from ringlet.engine import ops as _ops
 from ringlet.engine.meta import Kind as _Kind
 from ringlet.engine.meta import Meta as _Meta
@@ -201,6 +202,43 @@ class Comm:
                 _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
             _ops.allgather_(ch, flat, counts, algorithm)
             return flat
+
+        return self.submit(job)
+
+    def reduce_scatter_compressed_flat_(self, flat: torch.Tensor, counts: Sequence[int], compressor,
+                                        state: dict | None, op: ReduceOp, name: str, *,
+                                        check: bool = False) -> CommFuture:
+        """:meth:`reduce_scatter_flat_` where every block that travels is a compressor's payload
+        (:mod:`ringlet.engine.compressed_rs`): each member compresses every other member's block of the
+        floating ``flat`` (``state``: the caller's dict for this buffer, the same every call — one
+        sub-dict per destination block holds its error-feedback residual), the owners add the payloads and
+        their own block (exact) in float32. The value is this member's block — a view of ``flat`` in
+        ``flat``'s dtype, rounded once from the float32 result — holding the sum (``op`` SUM) or the
+        average (AVG) over the group; the rest of ``flat`` is unchanged. ``compressor``: a
+        :class:`ringlet.compression.Compressor` or a name for :func:`ringlet.compression.get`. Core queue,
+        in submission order; ``check``: the members first agree on ``name``, dtype, counts and the
+        compression. ``ValueError`` for bad buffers or counts, an op other than SUM/AVG, a compressor with
+        its own schedule (PowerSGD) or a state that is not a dict; ``TypeError`` for a non-floating
+        ``flat``."""
+        red = reduction(op)
+        if red.op not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"a compressed reduce-scatter sums or averages; op {red.name!r} is not supported")
+        self._check_flat(flat, counts)
+        if not flat.is_floating_point():
+            raise TypeError(f"a compressed reduce-scatter needs a floating buffer, got {flat.dtype}")
+        if state is not None and not isinstance(state, dict):
+            raise ValueError(f"state must be a dict (the same one every call) or None, got {type(state).__name__}")
+        comp = _compression.get(compressor)
+        _crs.check_compressor(comp)
+
+        def job():
+            ch = self._channel()
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, splits=tuple(counts),
+                                          compression=_crs.describe(comp, counts)))
+            start = sum(counts[:ch.rank])
+            own = flat[start:start + counts[ch.rank]]
+            return own.copy_(_crs.compressed_reduce_scatter_(ch, flat, counts, comp, state, red.averages))
 
         return self.submit(job)
 

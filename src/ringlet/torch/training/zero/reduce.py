@@ -15,7 +15,9 @@ A :class:`Reducer` is the one object the stages call for communication. Its cont
 
 Both run on ringlet's core queue in submission order: every rank must call them for the same buckets in
 the same order. :class:`Reducer` itself shards over the whole data-parallel group and sends buffers as
-they are.
+they are; :class:`~ringlet.torch.training.zero.reduce_compressed.CompressedReducer` sends the gradients'
+blocks compressed, and :class:`~ringlet.torch.training.zero.reduce_hierarchical.HierarchicalReducer`
+shards within a host and replicates across hosts (docs/zero_reduce.md).
 """
 from __future__ import annotations
 
