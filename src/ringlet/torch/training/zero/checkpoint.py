@@ -149,8 +149,8 @@ def load(path, zero, module: torch.nn.Module | None = None):
     manifest = Manifest.read(path)
     common = load_common(manifest)
     index = Index(manifest, common)
-    names = None if module is None else list(_snapshot.trainable_names(module).values())
-    check_model(index, manifest.path, zero.shard_state().pieces, names)
+    params = None if module is None else {n: p.numel() for n, p in module.named_parameters() if p.requires_grad}
+    check_model(index, manifest.path, zero.shard_state().pieces, params)
     saved_module = common.get("module")
     if module is not None and saved_module is not None:
         _check_module_state(module, saved_module["state"], manifest.path)

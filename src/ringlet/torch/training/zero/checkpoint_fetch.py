@@ -126,7 +126,7 @@ def _stitch(name: str, parts: list[tuple[dict, int, int, int]]) -> tuple[torch.T
     """Concatenate ``piece[lo:hi]`` of every part (``n``: the piece's length) into new tensors."""
     if not parts:
         return torch.zeros(0, dtype=torch.float32), {}
-    master = torch.cat([piece["master"][lo:hi] for piece, lo, hi, _ in parts]).clone()
+    master = torch.cat([piece["master"][lo:hi] for piece, lo, hi, _ in parts])  # a new tensor
     first = parts[0][0]["state"]
     state = {}
     for key, value in first.items():
@@ -137,16 +137,17 @@ def _stitch(name: str, parts: list[tuple[dict, int, int, int]]) -> tuple[torch.T
                 if not _elementwise(other, n):
                     raise IncompleteCheckpoint(f"optimizer state {key!r} of {name!r} differs between its pieces")
                 slices.append(other[lo:hi])
-            state[key] = torch.cat(slices).clone()
+            state[key] = torch.cat(slices)
         else:
             state[key] = value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
     return master, state
 
 
-def check_model(index: Index, path: Path, pieces, module_names: list[str] | None) -> None:
+def check_model(index: Index, path: Path, pieces, module_params: dict[str, int] | None) -> None:
     """``CheckpointMismatch`` naming the first parameter that does not fit: one of this rank's ``pieces``
     (from ``shard_state()``) the checkpoint lacks or holds with another shape, dtype or param group, and,
-    with ``module_names`` (the model's trainable parameters), a name on one side only."""
+    with ``module_params`` (the model's trainable parameters: name -> element count), a name on one side
+    only (a model parameter without elements may be absent: it is in no piece)."""
     where = f"checkpoint {str(path)!r}"
     for p in pieces:
         if p.name not in index.params:
@@ -158,12 +159,11 @@ def check_model(index: Index, path: Path, pieces, module_names: list[str] | None
             raise CheckpointMismatch(f"parameter {p.name!r}: dtype {p.dtype} in the model, {dtype} in {where}")
         if group >= 0 and p.group != group:
             raise CheckpointMismatch(f"parameter {p.name!r}: param group {p.group} in the model, {group} in {where}")
-    if module_names is not None:
-        model = set(module_names)
-        for name in module_names:
-            if name not in index.params:
+    if module_params is not None:
+        for name, numel in module_params.items():
+            if name not in index.params and numel > 0:
                 raise CheckpointMismatch(f"parameter {name!r} of the model is missing from {where}")
         for name in index.params:
-            if name not in model:
+            if name not in module_params:
                 raise CheckpointMismatch(f"unexpected parameter {name!r} in {where}: the model has no trainable "
                                          "parameter of that name")

@@ -73,7 +73,13 @@ class AtomicWriter:
         tmp = final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             with open(tmp, "wb") as f:
-                dump(self.stream(f, final))
+                stream = _FirstError(self.stream(f, final))
+                try:
+                    dump(stream)
+                except Exception as exc:
+                    if stream.error is not None and stream.error is not exc:
+                        raise stream.error from exc  # torch.save replaces the stream's error with its own
+                    raise
                 f.flush()
                 os.fsync(f.fileno())
             size = tmp.stat().st_size
@@ -87,6 +93,25 @@ class AtomicWriter:
     def stream(self, f: BinaryIO, final: Path) -> BinaryIO:
         """The stream ``dump`` writes ``final``'s bytes to (the open temporary file)."""
         return f
+
+
+class _FirstError:
+    """A stream that remembers the first exception its ``write`` raised."""
+
+    def __init__(self, inner: BinaryIO):
+        self.inner = inner
+        self.error: BaseException | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.inner.write(data)
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.inner.flush()
 
 
 def fsync_dir(folder: Path) -> None:
