@@ -142,3 +142,13 @@ def test_wait_timeout(tmp_path):
     writer.gate.set()
     handle.wait()
     assert zckpt.is_complete(tmp_path / "ck")
+
+
+def test_load_waits_for_a_pending_save_of_the_same_optimizer(tmp_path):
+    def body(rank):
+        net, zero = sharded(2, rank)
+        writer = GatedWriter()
+        zckpt.save_async(tmp_path / "ck", zero, net, extra={"step": 3}, options=SaveOptions(writer=writer))
+        threading.Timer(0.2, writer.gate.set).start()
+        return zckpt.load(tmp_path / "ck", zero, net)
+    assert run_world(2, body) == [{"step": 3}] * 2

@@ -60,14 +60,18 @@ def _begin(zero, opts: SaveOptions) -> str:
     """Wait for this rank's previous asynchronous save, then agree on a token; every rank raises
     :class:`CheckpointWriteError` when any rank's previous save failed unreported."""
     _check_zero(zero)
-    prev = take_pending(zero)
+    return _settle(zero, take_pending(zero), opts)
+
+
+def _settle(zero, prev: SaveHandle | None, opts: SaveOptions) -> str:
+    """Wait for ``prev`` (this rank's last asynchronous save, or None), then agree (see :func:`_begin`)."""
     error = prev.unreported_error() if prev is not None else None
     token, any_failed = opts.agreement.agree(error is not None, zero.world)
     if any_failed:
         where = f"of {str(prev.path)!r} " if prev is not None else ""
         who = "on this rank" if error is not None else "on another rank"
         raise CheckpointWriteError(f"the previous asynchronous save {where}failed {who}; that checkpoint is "
-                                   "incomplete and no new save was started") from error
+                                   "incomplete") from error
     return token
 
 
@@ -131,11 +135,13 @@ def is_complete(path) -> bool:
         return False
 
 
-def load(path, zero, module: torch.nn.Module | None = None):
+def load(path, zero, module: torch.nn.Module | None = None, *, options: SaveOptions | None = None):
     """Load the checkpoint at ``path`` into ``zero`` (any world size and stage: state is kept by parameter
     name and element range) and, with ``module``, its buffers and frozen parameters; return the save's
     ``extra``. Every rank calls it (``zero.load_shard_state`` may communicate). Each rank reads only the
-    pieces its shard needs. Waits first for this rank's pending asynchronous save.
+    pieces its shard needs. When an asynchronous save of ``zero`` is pending, every rank first waits for
+    its own and the ranks agree (``options.agreement``) as a save would: the files of all are written, or
+    :class:`CheckpointWriteError` on every rank.
 
     ``FileNotFoundError`` (no such directory), :class:`IncompleteCheckpoint` (not every rank's files of
     one save are there), :class:`CheckpointMismatch` naming the parameter or state entry that does not
@@ -144,8 +150,7 @@ def load(path, zero, module: torch.nn.Module | None = None):
     _check_zero(zero)
     pending = take_pending(zero)
     if pending is not None:
-        pending._done.wait()
-        set_pending(zero, pending)
+        _settle(zero, pending, options or SaveOptions())
     manifest = Manifest.read(path)
     common = load_common(manifest)
     index = Index(manifest, common)
