@@ -1,0 +1,62 @@
+"""ZeRO checkpoints with real processes (``ringlet run``, Gloo): saved by N ranks, loaded by M ranks in a
+second job, training continues bit for bit as without the interruption; a rank killed with SIGKILL during
+an asynchronous save leaves the previous checkpoint loadable. Worker: ``zero_ckpt_worker.py``."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from case_jobs import run_worker
+from mp_jobs import job_report, run_job, worker
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
+from zero_ckpt_models import make, sharded  # noqa: E402
+
+from ringlet.torch.training.zero import checkpoint as zckpt  # noqa: E402
+
+
+def assert_consolidated_equal(a, b) -> None:
+    x, y = zckpt.consolidate(a), zckpt.consolidate(b)
+    for part in ("model", "master"):
+        assert list(x[part]) == list(y[part])
+        for k in x[part]:
+            assert torch.equal(x[part][k], y[part][k]), (part, k)
+    assert x["optimizer"]["param_groups"] == y["optimizer"]["param_groups"]
+    for name, state in x["optimizer"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(y["optimizer"]["state"][name][k])), (name, k)
+    assert x["extra"] == y["extra"] == {"step": 8}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("n,m", [(2, 3), (3, 2)])
+def test_save_n_load_m_continues_identically(n, m, tmp_path):
+    folder = tmp_path / "ckpts"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ranks = run_worker("zero_ckpt_worker.py", "torch", n, tmp_path / "a", args=("first", str(folder)))
+    print(f"{n} ranks: {ranks[0]['numbers']}")
+    run_worker("zero_ckpt_worker.py", "torch", m, tmp_path / "b", args=("resume", str(folder)))
+    assert zckpt.consolidate(folder / "step-5")["meta"]["world"] == n
+    assert zckpt.consolidate(folder / "resumed-8")["meta"]["world"] == m
+    assert_consolidated_equal(folder / "ref-8", folder / "resumed-8")
+
+
+@pytest.mark.multiproc
+def test_rank_killed_during_async_save_keeps_previous_checkpoint(tmp_path):
+    folder = tmp_path / "ckpts"
+    job = run_job(["-np", "2", "--transport", "torch", "--", sys.executable, worker("zero_ckpt_worker.py"),
+                   str(tmp_path / "out"), "kill", str(folder)], timeout=180, env={"RINGLET_TIMEOUT": "30"})
+    assert job.returncode != 0, job_report(job)
+    assert zckpt.is_complete(folder / "good"), job_report(job)
+    assert not zckpt.is_complete(folder / "bad")
+    assert list((folder / "bad").glob(".rank-00001-*.tmp")), "rank 1 was not killed while writing its data file"
+    assert not list((folder / "bad").glob("rank-00001*"))
+    assert zckpt.latest(folder) == folder / "good"
+    net, zero = sharded(1, 0, seed=3, steps=0)
+    assert zckpt.load(folder / "good", zero, net) == {"step": 3}
+    expected, _ = make()
+    for k, v in expected.state_dict().items():
+        assert torch.equal(net.state_dict()[k], v), k

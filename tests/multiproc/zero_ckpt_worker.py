@@ -1,0 +1,110 @@
+"""One rank of a ZeRO checkpoint job, with the reference sharder of tests/unit/zero_fake.py:
+
+    ringlet run -np N --transport T -- python tests/multiproc/zero_ckpt_worker.py OUT ACTION DIR
+
+``first``: three steps of the unsharded model, sharded over N ranks, two steps, an asynchronous save of
+``DIR/step-5`` while three more steps run, then a synchronous save of ``DIR/ref-8``;
+``resume``: a fresh model sharded over this job's ranks loads ``DIR/step-5`` and runs the same three steps
+from the step it records, then saves ``DIR/resumed-8`` (the test compares it with ``ref-8``);
+``kill``: a synchronous save of ``DIR/good``, then an asynchronous save of ``DIR/bad`` through a slow
+writer, and rank 1 kills itself with SIGKILL while its data file is being written.
+``first`` and ``resume`` write ``OUT.rank<r>`` (case_harness summary); ``kill`` leaves only its files.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+from case_harness import check, run_cases
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
+from zero_ckpt_models import sharded  # noqa: E402
+
+import ringlet  # noqa: E402
+from ringlet.torch.training.zero import checkpoint as zckpt  # noqa: E402
+from ringlet.torch.training.zero.checkpoint import AtomicWriter, SaveOptions  # noqa: E402
+
+
+class SlowWriter(AtomicWriter):
+    """Sleeps after every write call of a data file; ``started`` is set after its first one."""
+
+    def __init__(self, pause: float):
+        self.pause = pause
+        self.started = threading.Event()
+
+    def stream(self, f, final):
+        if not final.name.endswith(".pt"):
+            return f
+        outer = self
+
+        class Slow:
+            def write(self, b):
+                n = f.write(b)
+                f.flush()
+                outer.started.set()
+                time.sleep(outer.pause)
+                return n
+
+            def flush(self):
+                f.flush()
+        return Slow()
+
+
+def first(rank: int, world: int, folder: str):
+    def run(numbers):
+        net, zero = sharded(world, rank)
+        for step in (3, 4):
+            zero.step(step)
+        handle = zckpt.save_async(f"{folder}/step-5", zero, net, extra={"step": 5})
+        for step in (5, 6, 7):
+            zero.step(step)
+        handle.wait()
+        sync = zckpt.save(f"{folder}/ref-8", zero, net, extra={"step": 8})
+        numbers["async_stall_s"], numbers["sync_stall_s"] = handle.stall_seconds, sync.stall_seconds
+    return run
+
+
+def resume(rank: int, world: int, folder: str):
+    def run(numbers):
+        net, zero = sharded(world, rank, seed=7, steps=0)
+        extra = zckpt.load(f"{folder}/step-5", zero, net)
+        check(extra == {"step": 5}, f"extra {extra}")
+        for step in range(extra["step"], 8):
+            zero.step(step)
+        zckpt.save(f"{folder}/resumed-8", zero, net, extra={"step": 8})
+    return run
+
+
+def kill(rank: int, world: int, folder: str):
+    def run(numbers):
+        net, zero = sharded(world, rank)
+        zckpt.save(f"{folder}/good", zero, net, extra={"step": 3})
+        writer = SlowWriter(pause=0.3)
+        handle = zckpt.save_async(f"{folder}/bad", zero, net, options=SaveOptions(writer=writer))
+        if rank == 1:
+            check(writer.started.wait(60), "the slow write never started")
+            os.kill(os.getpid(), signal.SIGKILL)
+        handle.wait()
+    return run
+
+
+def main() -> int:
+    out, action, folder = sys.argv[1:4]
+    torch.set_num_threads(1)
+    ringlet.init()
+    rank, world = ringlet.rank(), ringlet.size()
+    make = {"first": first, "resume": resume, "kill": kill}[action]
+    if action == "kill":
+        make(rank, world, folder)({})
+        os._exit(0)  # the peer is dead: no shutdown handshake
+    run_cases([(action, make(rank, world, folder))], out, rank, world)
+    ringlet.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
