@@ -1,0 +1,442 @@
+"""ZeRO stage 3: every rank keeps only its shard of the parameters; a module's parameters are all-gathered
+just before its forward and its backward, and freed after.
+
+**Units.** :func:`units_of` cuts the parameters into units — by default every module that directly owns
+trainable parameters is one unit of those parameters, in registration order (``named_modules()`` order;
+a parameter registered by several modules, a tied weight, belongs to the first). The layout has one
+bucket per unit (bucket index = unit index); :class:`ShardedParameters` works on any layout whose buckets
+hold every parameter once: a module needs the buckets that hold the parameters it registers.
+
+**Forward.** A forward pre-hook of each such module gathers its buckets (on demand, or already in flight
+from the prefetch) and binds views of the gathered buffer as the module's parameters; a forward hook
+frees them when no running forward uses them any more (a module used twice, or nested in a module that
+shares its unit, keeps them while any use is live). Outside, the modules hold
+:class:`~ringlet.torch.training.zero.placeholder.ShardedPlaceholder` objects: using one raises
+:class:`~ringlet.torch.training.zero.placeholder.ShardedParameterError`, which says how to gather it.
+
+**Backward.** The parameter views autograd saves are packed with their unit (saved-tensor hooks pushed
+for the forward of each hooked module); unpacking one in backward gathers the unit again if it is not
+gathered. When autograd has accumulated a unit's gradient — one tensor per unit, the gradients of its
+parameters concatenated in slot order, zeros for parameters that got none — ``on_gradient(bucket,
+flat_grad)`` receives that fresh 1-D tensor (model dtype; the caller's from then on) and the unit is
+freed. A unit whose parameters got no gradient in a backward is not reported (its gradient is zero).
+Every backward reports its own gradients (accumulation over several backwards is the caller's sum).
+
+**Order and prefetch.** All-gathers run on ringlet's core queue in submission order, so every rank must
+issue the same gathers in the same order: ranks must run the same modules in the same order (the same
+graph), as any data-parallel training must. The first forward gathers on demand with checked metadata
+(the unit's name) and ends with a checked marker, so ranks whose forwards differ get a
+:class:`~ringlet.types.MismatchError` naming the units, not a hang. Each later forward prefetches in the
+order of the previous forward (:mod:`.stage3_schedule`), each backward in the reverse order of the last
+forward run with grad enabled: while one unit computes, the next one's all-gather is in flight.
+
+**Working-buffer bound.** Gathered at once: the units in use — in a forward the units of the modules
+whose forward is running, in a backward the units whose saved views were read and whose gradient is not
+complete — plus at most one unit gathered ahead. For a model whose parameter-owning modules neither nest
+nor share parameters that is at most one computing unit plus two more (one ahead, and in a backward one
+whose gradient is still being completed): :meth:`ShardedParameters.bound_bytes` = 3 × the largest
+bucket. Tied weights and modules used several times add the units whose gradient waits on a later use.
+
+Not supported: activation checkpointing and caller saved-tensor hooks inside stage-3 modules (the
+stage's own hooks take precedence there), parameters used outside the forward of a module that registers
+them, module outputs that reach the loss through a parameter of another rank's graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Sequence
+
+import torch
+
+from .layout import Layout
+from .stage3_schedule import Walk
+from .stage3_unit import FREE, Unit
+
+__all__ = ["units_of", "ShardedParameters"]
+
+OnGradient = Callable[[int, torch.Tensor], None]
+
+
+def units_of(module: torch.nn.Module, named: Sequence[tuple[str, torch.Tensor]],
+             groups: Sequence[int] | None = None) -> list[list[int]]:
+    """The units of ``module`` for ZeRO stage 3, as indices into ``named`` (its trainable parameters):
+    every module (``named_modules()`` order) that directly registers parameters of ``named`` is one unit
+    of those, in registration order; a parameter registered by several modules belongs to the first.
+    ``groups`` (``groups[i]``: the optimizer param group of ``named[i]``): a unit whose parameters differ
+    in dtype or group is split by them, keeping the order (a layout bucket holds one of each).
+    ``ValueError`` when ``named`` lists a parameter twice or one that ``module`` does not register."""
+    index: dict[int, int] = {}
+    for i, (name, p) in enumerate(named):
+        if id(p) in index:
+            raise ValueError(f"{name} is listed twice (also as {named[index[id(p)]][0]})")
+        index[id(p)] = i
+    units, assigned = [], set()
+    for _, m in module.named_modules():
+        unit = []
+        for p in m._parameters.values():
+            i = index.get(id(p)) if p is not None else None
+            if i is not None and i not in assigned:
+                assigned.add(i)
+                unit.append(i)
+        if unit:
+            units.extend(_split(unit, named, groups))
+    missing = [named[i][0] for i in range(len(named)) if i not in assigned]
+    if missing:
+        raise ValueError(f"not parameters of the module: {missing}")
+    return units
+
+
+def _split(unit: list[int], named, groups) -> list[list[int]]:
+    parts: dict[tuple, list[int]] = {}
+    for i in unit:
+        parts.setdefault((named[i][1].dtype, groups[i] if groups is not None else 0), []).append(i)
+    return list(parts.values())
+
+
+class _Saved:
+    """A saved parameter view, packed with its unit."""
+
+    __slots__ = ("unit", "tensor")
+
+    def __init__(self, unit: int, tensor: torch.Tensor):
+        self.unit = unit
+        self.tensor = tensor
+
+
+class ShardedParameters:
+    """The parameters ``named`` of ``module``, sharded by ``layout`` (one bucket per unit) over the
+    group of ``reducer`` (a :class:`~ringlet.torch.training.zero.reduce.Reducer`: this rank keeps block
+    ``reducer.shard_rank`` of every bucket). See the module doc for the protocol; ``on_gradient(bucket,
+    flat_grad)`` receives each unit's gradient in backward. ``prefetch=False`` gathers on demand only.
+
+    Construction keeps this rank's block of the current values (every rank must already hold the same
+    values) and releases the parameters' storage: afterwards the tensors in ``named`` are empty and the
+    module holds placeholders. The module's frozen parameters (not in ``named``) and buffers are untouched.
+    ``ValueError`` when the layout does not hold every parameter of ``named`` exactly once, is built for
+    another group size, or ``named`` lists a tensor the module does not register."""
+
+    def __init__(self, module: torch.nn.Module, named: Sequence[tuple[str, torch.Tensor]], layout: Layout,
+                 reducer, on_gradient: OnGradient, *, prefetch: bool = True):
+        if layout.world != reducer.shard_size:
+            raise ValueError(f"the layout is for {layout.world} ranks, the reducer shards over {reducer.shard_size}")
+        where = _where(layout, len(named))
+        self.module, self.layout, self.reducer, self.on_gradient = module, layout, reducer, on_gradient
+        self.prefetch = prefetch
+        bindings, self._needs = _bindings(module, named, layout, where)
+        self.units = [Unit(b, reducer.shard_rank, [named[s.index][1] for s in b.slots], bindings[b.index],
+                           _unit_name(b)) for b in layout.buckets]
+        self._refs = [0] * len(self.units)
+        self._frames: list[list] = []
+        self._fwd: Walk | None = None
+        self._bwd: Walk | None = None
+        self._bwd_use: set[int] = set()
+        self._done: set[int] = set()
+        self._plan_fwd: list[int] = []
+        self._plan_bwd: list[int] = []
+        self._recorded = False
+        self._grad_fwd = False
+        self._depth = 0
+        self._ptr: dict[int, int] = {}
+        self._live = self._peak = 0
+        self._in_gathered = self._closed = False
+        self._saved = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._handles = self._hook()
+
+    # ---- public ---------------------------------------------------------------------------------------
+    def shard(self, bucket: int) -> torch.Tensor:
+        """This rank's 1-D block of bucket ``bucket`` (model dtype); write updated values into it in
+        place — the next gather sends them."""
+        self._check_open()
+        return self.units[bucket].shard
+
+    @contextlib.contextmanager
+    def gathered(self, writeback: bool = False):
+        """Every parameter full, as the module's original ``nn.Parameter`` objects, inside the block
+        (evaluation, inspection, consolidation). Collective: every rank must enter it. ``writeback``:
+        on a normal exit the values then held (written in place, or assigned to ``p.data`` with the same
+        shape) go back into the shards; otherwise changes are dropped. A backward run inside does not
+        reach ZeRO (gradients land in the parameters' ``.grad`` and are cleared on exit).
+        ``RuntimeError`` inside a forward, a backward, another ``gathered()``, or after :meth:`close`."""
+        self._check_idle("gathered()")
+        self._in_gathered = True
+        try:
+            self._gather_all()
+            for u in self.units:
+                u.bind_originals()
+            yield self.module
+            if writeback:
+                for u in self.units:
+                    u.write_back()
+        finally:
+            for u in self.units:
+                u.drop_originals()
+                self._free(u.index)
+            self._in_gathered = False
+
+    def close(self) -> None:
+        """Gather every parameter, give the module back its original parameters with their full values,
+        remove every hook and release the buffers and shards. Collective; calling it again does nothing."""
+        if self._closed:
+            return
+        self._check_idle("close()")
+        self._gather_all()
+        for h in self._handles:
+            h.remove()
+        for u in self.units:
+            u.drop_originals(keep=True)
+            u.bind(u.params)
+            self._free(u.index, rebind=False)
+            u.shard = torch.empty(0, dtype=u.shard.dtype, device=u.shard.device)
+        self._closed = True
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of this rank: ``shards`` (the parameter shards), ``gathered`` (full buffers held now),
+        ``peak_gathered`` (most held at once since construction or :meth:`reset_peak`), ``bound`` (the
+        declared working-buffer bound, :meth:`bound_bytes`)."""
+        return {"shards": sum(u.shard.numel() * u.shard.element_size() for u in self.units), "gathered": self._live,
+                "peak_gathered": self._peak, "bound": self.bound_bytes()}
+
+    def bound_bytes(self) -> int:
+        """The declared working-buffer bound: 3 × the largest bucket (see the module doc)."""
+        return 3 * max((u.nbytes for u in self.units), default=0)
+
+    def reset_peak(self) -> None:
+        self._peak = self._live
+
+    # ---- buffers --------------------------------------------------------------------------------------
+    def _issue(self, b: int, check: bool = False) -> None:
+        u = self.units[b]
+        u.issue(self.reducer, check)
+        self._live += u.nbytes
+        self._peak = max(self._peak, self._live)
+        if u.data_ptr():
+            self._ptr[u.data_ptr()] = b
+
+    def _free(self, b: int, rebind: bool = True) -> None:
+        u = self.units[b]
+        if u.state == FREE:
+            if rebind:
+                u.bind_placeholders()
+            return
+        self._ptr.pop(u.data_ptr(), None)
+        self._live -= u.nbytes
+        u.free(rebind)
+
+    def _gather_all(self) -> None:
+        for u in self.units:
+            if u.state == FREE:
+                self._issue(u.index)
+        for u in self.units:
+            u.wait()
+
+    def _prefetch(self, walk: Walk) -> None:
+        b = walk.next_prefetch(lambda u: self.units[u].state == FREE and u not in self._done)
+        if b is not None:
+            self._issue(b)
+
+    # ---- forward --------------------------------------------------------------------------------------
+    def _hook(self) -> list:
+        handles = []
+        for m in self.module.modules():
+            if id(m) in self._needs:
+                handles.append(m.register_forward_pre_hook(self._pre, prepend=True))
+                handles.append(m.register_forward_hook(self._post, always_call=True))
+        handles.append(self.module.register_forward_pre_hook(self._begin, prepend=True))
+        handles.append(self.module.register_forward_hook(self._end, always_call=True))
+        for u in self.units:
+            handles.append(u.flat.register_post_accumulate_grad_hook(lambda _, b=u.index: self._gradient(b)))
+        return handles
+
+    def _begin(self, module, args) -> None:
+        if self._in_gathered:
+            return
+        self._depth += 1
+        if self._depth > 1:
+            return
+        if self._bwd is not None:
+            self._end_backward()
+        self._fwd = Walk(self._plan_fwd, self.prefetch and self._recorded)
+        self._grad_fwd = torch.is_grad_enabled()
+        self._prefetch(self._fwd)
+
+    def _end(self, module, args, output) -> None:
+        if self._in_gathered or self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth:
+            return
+        walk, self._fwd = self._fwd, None
+        for u in self.units:
+            if self._refs[u.index] == 0:
+                self._free(u.index)
+        if sys.exc_info()[1] is not None:
+            return
+        if not self._recorded:
+            self._agree_first_forward(len(walk.events))
+        self._plan_fwd = walk.events
+        if self._grad_fwd:
+            self._plan_bwd = walk.events[::-1]
+
+    def _agree_first_forward(self, n: int) -> None:
+        if self.units:
+            dev = self.units[0].shard.device
+            marker = torch.empty(0, dtype=torch.uint8, device=dev)
+            self.reducer.allgather_(marker, [0] * self.reducer.shard_size, f"zero3/end of first forward:{n}",
+                                    check=True).wait()
+        self._recorded = True
+
+    def _pre(self, module, args) -> None:
+        frame = [module, False, []]
+        self._frames.append(frame)
+        if self._in_gathered or self._closed:
+            return
+        fresh = []
+        for b in self._needs[id(module)]:
+            self._refs[b] += 1
+            frame[2].append(b)
+            if self._refs[b] == 1:
+                fresh.append(b)
+        for b in fresh:
+            self._acquire_forward(b)
+        for b in fresh:
+            u = self.units[b]
+            u.wait()
+            u.bind(u.views())
+        self._saved.__enter__()
+        frame[1] = True
+
+    def _post(self, module, args, output) -> None:
+        if not self._frames or self._frames[-1][0] is not module:
+            return
+        _, pushed, acquired = self._frames.pop()
+        if pushed:
+            self._saved.__exit__(None, None, None)
+        for b in acquired:
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free(b)
+
+    def _acquire_forward(self, b: int) -> None:
+        walk = self._fwd
+        if walk is not None:
+            for s in walk.advance(b):
+                if self._refs[s] == 0:
+                    self._free(s)
+        if self.units[b].state == FREE:
+            self._issue(b, check=walk is not None and not self._recorded)
+        if walk is not None:
+            self._prefetch(walk)
+
+    # ---- backward -------------------------------------------------------------------------------------
+    def _pack(self, t: torch.Tensor):
+        if self._ptr and t.layout == torch.strided and not t.is_meta:
+            try:
+                b = self._ptr.get(t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):
+                return t
+            if b is not None:
+                return _Saved(b, t)
+        return t
+
+    def _unpack(self, x):
+        if type(x) is _Saved:
+            self._acquire_backward(x.unit)
+            return x.tensor
+        return x
+
+    def _acquire_backward(self, b: int) -> None:
+        walk = self._backward()
+        for s in walk.advance(b):
+            if s not in self._bwd_use and self._refs[s] == 0:
+                self._free(s)
+        u = self.units[b]
+        if u.state == FREE:
+            self._issue(b)
+        self._bwd_use.add(b)
+        self._prefetch(walk)
+        u.wait()
+
+    def _gradient(self, b: int) -> None:
+        walk = self._backward()
+        u = self.units[b]
+        grad, u.flat.grad = u.flat.grad, None
+        self._done.add(b)
+        self._bwd_use.discard(b)
+        walk.drop(b)
+        if self._refs[b] == 0:
+            self._free(b)
+        if grad is not None:
+            self.on_gradient(b, grad)
+
+    def _backward(self) -> Walk:
+        if self._bwd is None:
+            self._bwd = Walk(self._plan_bwd, self.prefetch)
+            self._bwd_use, self._done = set(), set()
+            if torch._C._current_graph_task_id() != -1:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        return self._bwd
+
+    def _end_backward(self) -> None:
+        self._bwd = None
+        self._bwd_use, self._done = set(), set()
+        for u in self.units:
+            if self._refs[u.index] == 0:
+                self._free(u.index)
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("ZeRO stage 3: these parameters were closed (close() gave the module its "
+                               "parameters back)")
+
+    def _check_idle(self, what: str) -> None:
+        self._check_open()
+        if self._in_gathered:
+            raise RuntimeError(f"ZeRO stage 3: {what} inside gathered()")
+        if self._frames or self._depth:
+            raise RuntimeError(f"ZeRO stage 3: {what} inside a forward of the model")
+        if torch._C._current_graph_task_id() != -1:
+            raise RuntimeError(f"ZeRO stage 3: {what} inside a backward")
+        if self._bwd is not None:
+            self._end_backward()
+
+
+def _where(layout: Layout, n: int) -> dict[int, int]:
+    where: dict[int, int] = {}
+    for bucket in layout.buckets:
+        for s in bucket.slots:
+            if s.index in where or not 0 <= s.index < n:
+                raise ValueError(f"the layout holds parameter {s.name} (index {s.index}) twice or out of range")
+            where[s.index] = bucket.index
+    if len(where) != n:
+        raise ValueError(f"the layout holds {len(where)} of the {n} parameters")
+    return where
+
+
+def _bindings(module: torch.nn.Module, named, layout: Layout, where: dict[int, int]):
+    """Every (module, attribute, slot) registering a parameter of ``named``, per bucket; and the buckets
+    each such module needs (by module id, sorted)."""
+    index = {id(p): i for i, (_, p) in enumerate(named)}
+    position = {s.index: k for bucket in layout.buckets for k, s in enumerate(bucket.slots)}
+    bindings: dict[int, list] = {bucket.index: [] for bucket in layout.buckets}
+    needs: dict[int, set[int]] = {}
+    found = set()
+    for m in module.modules():
+        for attr, p in m._parameters.items():
+            i = index.get(id(p)) if p is not None else None
+            if i is None:
+                continue
+            found.add(i)
+            b = where[i]
+            bindings[b].append((m, attr, position[i]))
+            needs.setdefault(id(m), set()).add(b)
+    missing = [named[i][0] for i in range(len(named)) if i not in found]
+    if missing:
+        raise ValueError(f"not parameters of the module: {missing}")
+    return bindings, {k: tuple(sorted(v)) for k, v in needs.items()}
+
+
+def _unit_name(bucket) -> str:
+    first = bucket.slots[0].name
+    return first.rpartition(".")[0] or first
