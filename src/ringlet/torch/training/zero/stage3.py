@@ -24,8 +24,8 @@ Every backward reports its own gradients (accumulation over several backwards is
 
 **Order and prefetch.** All-gathers run on ringlet's core queue in submission order, so every rank must
 issue the same gathers in the same order: ranks must run the same modules in the same order (the same
-graph), as any data-parallel training must. The first forward gathers on demand with checked metadata
-(the unit's name) and ends with a checked marker, so ranks whose forwards differ get a
+graph), as any data-parallel training must. In the first forward every rank announces each gather (the unit)
+and the forward's end in a small checked all-gather before it, so ranks whose forwards differ get the same
 :class:`~ringlet.types.MismatchError` naming the units, not a hang. Each later forward prefetches in the
 order of the previous forward (:mod:`.stage3_schedule`), each backward in the reverse order of the last
 forward run with grad enabled: while one unit computes, the next one's all-gather is in flight.
@@ -38,8 +38,11 @@ whose gradient is still being completed): :meth:`ShardedParameters.bound_bytes` 
 bucket. Tied weights and modules used several times add the units whose gradient waits on a later use.
 
 Not supported: activation checkpointing and caller saved-tensor hooks inside stage-3 modules (the
-stage's own hooks take precedence there), parameters used outside the forward of a module that registers
-them, module outputs that reach the loss through a parameter of another rank's graph.
+stage's own hooks take precedence there); parameters used outside the forward of a module that registers
+them (the placeholder error); a custom autograd Function that keeps a parameter on ``ctx`` without
+``save_for_backward``; keeping a tensor that shares a parameter's storage (``module.weight``, a view or
+``detach()`` of it) beyond the forward of its module: its storage is released there (copy it, or read
+the parameters in ``gathered()``, whose tensors stay valid).
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ import sys
 from typing import Callable, Sequence
 
 import torch
+
+from ringlet.types import MismatchError
 
 from .layout import Layout
 from .stage3_schedule import Walk
@@ -161,7 +166,7 @@ class ShardedParameters:
         self._check_idle("gathered()")
         self._in_gathered = True
         try:
-            self._gather_all()
+            self._copy_all()
             for u in self.units:
                 u.bind_originals()
             yield self.module
@@ -171,7 +176,8 @@ class ShardedParameters:
         finally:
             for u in self.units:
                 u.drop_originals()
-                self._free(u.index)
+                u.bind_placeholders()
+            self._live -= sum(u.nbytes for u in self.units)
             self._in_gathered = False
 
     def close(self) -> None:
@@ -180,14 +186,14 @@ class ShardedParameters:
         if self._closed:
             return
         self._check_idle("close()")
-        self._gather_all()
+        self._copy_all()
         for h in self._handles:
             h.remove()
         for u in self.units:
+            u.bind_originals()
             u.drop_originals(keep=True)
-            u.bind(u.params)
-            self._free(u.index, rebind=False)
             u.shard = torch.empty(0, dtype=u.shard.dtype, device=u.shard.device)
+        self._live -= sum(u.nbytes for u in self.units)
         self._closed = True
 
     def memory(self) -> dict[str, int]:
@@ -213,22 +219,22 @@ class ShardedParameters:
         if u.data_ptr():
             self._ptr[u.data_ptr()] = b
 
-    def _free(self, b: int, rebind: bool = True) -> None:
+    def _free(self, b: int) -> None:
         u = self.units[b]
         if u.state == FREE:
-            if rebind:
-                u.bind_placeholders()
+            u.bind_placeholders()
             return
         self._ptr.pop(u.data_ptr(), None)
         self._live -= u.nbytes
-        u.free(rebind)
+        u.free()
 
-    def _gather_all(self) -> None:
-        for u in self.units:
-            if u.state == FREE:
-                self._issue(u.index)
-        for u in self.units:
-            u.wait()
+    def _copy_all(self) -> None:
+        """Every bucket gathered into a fresh copy (:meth:`Unit.gather_copy`), in bucket order."""
+        self._live += sum(u.nbytes for u in self.units)
+        self._peak = max(self._peak, self._live)
+        futures = [u.gather_copy(self.reducer) for u in self.units]
+        for f in futures:
+            f.wait()
 
     def _prefetch(self, walk: Walk) -> None:
         b = walk.next_prefetch(lambda u: self.units[u].state == FREE and u not in self._done)
@@ -279,12 +285,28 @@ class ShardedParameters:
             self._plan_bwd = walk.events[::-1]
 
     def _agree_first_forward(self, n: int) -> None:
-        if self.units:
-            dev = self.units[0].shard.device
-            marker = torch.empty(0, dtype=torch.uint8, device=dev)
-            self.reducer.allgather_(marker, [0] * self.reducer.shard_size, f"zero3/end of first forward:{n}",
-                                    check=True).wait()
+        self._agree_order(-1, n)
         self._recorded = True
+
+    def _agree_order(self, b: int, k: int) -> None:
+        """The first forward's check: before its ``k``-th gather (unit ``b``; -1: the forward ended) every
+        rank all-gathers what it is about to do and compares: ``MismatchError`` on every rank alike."""
+        if not self.units or self.reducer.shard_size == 1:
+            return
+        p, r = self.reducer.shard_size, self.reducer.shard_rank
+        row = torch.zeros(2 * p, dtype=torch.int64, device=self.units[0].shard.device)
+        row[2 * r], row[2 * r + 1] = b, k
+        self.reducer.allgather_(row, [2] * p, "zero3/first forward", check=True).wait()
+        rows = [tuple(x) for x in row.view(p, 2).tolist()]
+        odd = next((i for i in range(p) if rows[i] != rows[0]), None)
+        if odd is not None:
+            raise MismatchError(
+                f"ZeRO stage 3: the ranks' forwards differ: at gather {k} of the first forward rank 0 "
+                f"{self._what(rows[0][0])} but rank {odd} {self._what(rows[odd][0])}; every rank must call the "
+                f"same modules in the same order")
+
+    def _what(self, b: int) -> str:
+        return "ended its forward" if b < 0 else f"gathers unit {b} ({self.units[b].name})"
 
     def _pre(self, module, args) -> None:
         frame = [module, False, []]
@@ -323,8 +345,10 @@ class ShardedParameters:
             for s in walk.advance(b):
                 if self._refs[s] == 0:
                     self._free(s)
+        if walk is not None and not self._recorded:
+            self._agree_order(b, len(walk.events) - 1)
         if self.units[b].state == FREE:
-            self._issue(b, check=walk is not None and not self._recorded)
+            self._issue(b)
         if walk is not None:
             self._prefetch(walk)
 

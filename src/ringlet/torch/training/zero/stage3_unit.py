@@ -8,8 +8,10 @@ their backward. The all-gather writes through ``flat.data`` — same storage, it
 refilling the buffer does not count as an in-place change of the saved views. In a forward the module
 attributes are views of ``flat`` (one ``split`` of it: the backward of the split concatenates the
 parameters' gradients, zeros for those that got none, into one full-bucket gradient of ``flat``); in
-``gathered()`` they are the original ``nn.Parameter`` objects whose ``data`` are views of the buffer;
-otherwise they are :class:`~ringlet.torch.training.zero.placeholder.ShardedPlaceholder`.
+``gathered()`` they are the original ``nn.Parameter`` objects whose ``data`` are views of a gathered copy;
+otherwise they are :class:`~ringlet.torch.training.zero.placeholder.ShardedPlaceholder`. ``gathered()``
+gathers into a fresh tensor (:meth:`Unit.gather_copy`), never into the forward buffer, so that what a
+caller keeps from it (``state_dict()`` tensors) stays valid after the block.
 
 States: FREE (no storage) → ISSUED (storage allocated, all-gather in flight) → READY (values complete)
 → FREE. A buffer is never freed while its all-gather is in flight.
@@ -59,6 +61,7 @@ class Unit:
         self.nbytes = self.numel * self.flat.element_size()
         self.state = FREE
         self.future = None
+        self.full: torch.Tensor | None = None
         self._release_storage()
         for p in params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -80,16 +83,15 @@ class Unit:
             self.state = READY
             fut.wait()
 
-    def free(self, rebind: bool = True) -> None:
-        """Wait for a gather in flight, then release the buffer (``rebind``: and bind the placeholders)."""
+    def free(self) -> None:
+        """Wait for a gather in flight, then release the buffer and bind the placeholders."""
         try:
             self.wait()
         finally:
             self.flat.grad = None
             self._release_storage()
             self.state = FREE
-            if rebind:
-                self.bind_placeholders()
+            self.bind_placeholders()
 
     def data_ptr(self) -> int:
         return self.buf.data_ptr() if self.state != FREE and self.nbytes else 0
@@ -110,37 +112,40 @@ class Unit:
     def bind_placeholders(self) -> None:
         self.bind(self.placeholders)
 
+    # ---- full copies (gathered(), close()) -------------------------------------------------------------
+    def gather_copy(self, reducer):
+        """Start the all-gather of the bucket into a fresh tensor of its own (not the forward buffer):
+        what a caller keeps from it stays valid, owned by reference count. Returns the future."""
+        self.full = torch.empty(self.numel, dtype=self.shard.dtype, device=self.shard.device)
+        self.full[self.start:self.end].copy_(self.shard)
+        return reducer.allgather_(self.full, self.counts, f"zero3/{self.index}:{self.name}")
+
     def bind_originals(self) -> None:
-        """The original parameters, their ``data`` views of the (ready) buffer."""
-        with torch.no_grad():
-            for k, p in enumerate(self.params):
-                p.data = self.buf[self.offsets[k]:self.offsets[k] + self.sizes[k]].view(self.shapes[k])
+        """The original parameters, their ``data`` views of the gathered copy."""
+        for k, p in enumerate(self.params):
+            p.data = self._part(k).view(self.shapes[k])
         self.bind(self.params)
 
-    def take_originals(self) -> None:
-        """Copy back what the original parameters hold now into the buffer (where a caller replaced
-        ``p.data`` instead of writing into it)."""
-        for k, p in enumerate(self.params):
-            view = self.buf[self.offsets[k]:self.offsets[k] + self.sizes[k]]
-            if p.data.data_ptr() != view.data_ptr() or p.data.numel() != view.numel():
-                if tuple(p.shape) != tuple(self.shapes[k]):
-                    raise ValueError(f"{self.bindings_name(k)}: shape {tuple(p.shape)} written inside gathered(), "
-                                     f"expected {tuple(self.shapes[k])}")
-                view.copy_(p.data.reshape(-1))
-
     def write_back(self) -> None:
-        """The shard takes this rank's block of the buffer."""
-        self.take_originals()
-        self.shard.copy_(self.buf[self.start:self.end])
+        """The shard takes this rank's block of what the original parameters hold now (written in place,
+        or a same-shaped tensor assigned to ``p.data``)."""
+        for k, p in enumerate(self.params):
+            part = self._part(k)
+            if p.data.data_ptr() != part.data_ptr() or p.data.numel() != part.numel():
+                if tuple(p.shape) != tuple(self.shapes[k]):
+                    raise ValueError(f"{self.placeholders[k]._zero_name}: shape {tuple(p.shape)} written inside "
+                                     f"gathered(), expected {tuple(self.shapes[k])}")
+                part.copy_(p.data.reshape(-1))
+        self.shard.copy_(self.full[self.start:self.end])
 
     def drop_originals(self, keep: bool = False) -> None:
-        """The original parameters give up the buffer (``keep``: they take a copy of their values)."""
-        for k, p in enumerate(self.params):
+        """Let go of the gathered copy; ``keep``: the original parameters keep their views of it (their
+        full values), else they become empty again."""
+        for p in self.params:
             p.grad = None
-            if keep:
-                p.data = self.buf[self.offsets[k]:self.offsets[k] + self.sizes[k]].view(self.shapes[k]).clone()
-            else:
+            if not keep:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.full = None
 
-    def bindings_name(self, k: int) -> str:
-        return self.placeholders[k]._zero_name
+    def _part(self, k: int) -> torch.Tensor:
+        return self.full[self.offsets[k]:self.offsets[k] + self.sizes[k]]
