@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from ringlet.torch.comm import Comm
+from ringlet.torch.training.zero import Layout
 from ringlet.torch.training.zero.reduce import Reducer
+from ringlet.torch.training.zero.stage3 import ShardedParameters, units_of
 from ringlet.torch.training.zero.stage3_unit import FREE
 
 from conftest import run_world
@@ -23,6 +25,51 @@ def test_equivalence(name, world):
 def test_equivalence_without_prefetch_and_with_accumulation(name, world):
     fails = run_world(world, lambda rank: case_equivalence(rank, world, name, prefetch=False, accumulate=2))
     assert fails == [[]] * world
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_units_split_by_param_group(world):
+    """Weights and biases in two param groups: every module needs two buckets."""
+    fails = run_world(world, lambda rank: case_equivalence(rank, world, "nested", prefetch=True, by_group=True))
+    assert fails == [[]] * world
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_on_gradient_gets_a_fresh_flat_gradient(dtype):
+    """on_gradient's tensor: 1-D, the whole bucket in slot order, model dtype, contiguous, not aliasing
+    anything the stage keeps; bitwise the plain model's local gradients (zeros where none)."""
+
+    def body(rank):
+        model, ref = make_model("unused").to(dtype), make_model("unused").to(dtype)
+        named = list(model.named_parameters())
+        red = Reducer(Comm())
+        layout = Layout.units(named, [0] * len(named), red.shard_size, units_of(model, named))
+        got = {}
+
+        def keep(b, g):
+            live = {u.buf.data_ptr() for u in sp.units if u.state != FREE and u.numel}
+            assert g.untyped_storage().data_ptr() not in live and sp.units[b].flat.grad is None
+            got[b] = g
+
+        sp = ShardedParameters(model, named, layout, red, keep)
+        x = batch("unused", rank, 0).to(dtype)
+        model(x).sum().backward()
+        ref(x).sum().backward()
+        grads = dict(ref.named_parameters())
+        for bucket in layout.buckets:
+            want = torch.cat([_local(grads[s.name]).reshape(-1) for s in bucket.slots])
+            g = got.get(bucket.index)
+            if g is None:
+                assert not want.any() and bucket.slots[0].name.startswith("1.")  # the module that ignores w
+                continue
+            assert g.dtype == dtype and g.dim() == 1 and g.is_contiguous() and torch.equal(g, want), bucket.index
+        return sorted(got)
+
+    assert run_world(2, body) == [[0, 2, 3, 4]] * 2
+
+
+def _local(p):
+    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 class Recording(Reducer):
@@ -54,9 +101,12 @@ def test_prefetch_order_and_identical_results(prefetch):
         seen = []
         for k, m in enumerate(linears):
             m.register_forward_pre_hook(lambda mod, args, k=k: seen.append((k, _states(sp))))
+        handed, orig = [], sp.on_gradient
+        sp.on_gradient = lambda b, g: (handed.append((b, _states(sp))), orig(b, g))
         out = []
         for step in range(3):
             seen.clear()
+            handed.clear()
             del log[:]
             model(batch("mlp", rank, step)).sum().backward()
             out.append([b.clone() for b in blocks.blocks])
@@ -72,6 +122,9 @@ def test_prefetch_order_and_identical_results(prefetch):
                 assert not any(c for _, c in log)
                 nxt = [s[k + 1] for k, s in seen[:-1]]
                 assert nxt == [prefetch] * 2, seen
+            # backward: when unit k's gradient is handed (and k freed), unit k-1 is in flight already
+            assert [b for b, _ in handed] == [2, 1, 0]
+            assert [s[b - 1] for b, s in handed[:2]] == [prefetch] * 2, handed
             biggest = max(u.nbytes for u in sp.units)
             assert sp.memory()["peak_gathered"] <= (2 if prefetch else 1) * biggest
         return out

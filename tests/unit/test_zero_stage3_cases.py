@@ -6,7 +6,7 @@ that fails on one rank does not leave the others waiting in a collective.
 Models (:data:`MODELS`): ``mlp`` (three linear units), ``tiny`` (units of 1 and 2 elements: fewer than
 ranks), ``tied`` (embedding and output head share a weight), ``nested`` (a module with its own parameter
 around a child), ``unused`` (a unit whose module ignores its parameters, a unit with one unused and one
-empty parameter), ``twice`` (a module called twice in one forward). Values are small multiples of 1/4,
+empty parameter, a unit of zero elements), ``twice`` (a module called twice in one forward). Values are small multiples of 1/4,
 inputs small integers, so forwards and gradients are exact in float32.
 """
 from __future__ import annotations
@@ -53,6 +53,17 @@ class Partly(nn.Module):
         return x * self.a.sum() + self.e.sum()
 
 
+class Empty(nn.Module):
+    """A unit of zero elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.e = nn.Parameter(torch.ones(0))
+
+    def forward(self, x):
+        return x + self.e.sum()
+
+
 class Twice(nn.Module):
     def __init__(self):
         super().__init__()
@@ -89,7 +100,7 @@ MODELS = {
     "tiny": _tiny,
     "tied": Tied,
     "nested": lambda: nn.Sequential(nn.Linear(5, 3), Scaled(3), nn.Linear(3, 2)),
-    "unused": lambda: nn.Sequential(nn.Linear(5, 3), Ignores(), Partly(), nn.Linear(3, 2)),
+    "unused": lambda: nn.Sequential(nn.Linear(5, 3), Ignores(), Partly(), Empty(), nn.Linear(3, 2)),
     "twice": Twice,
 }
 
@@ -130,12 +141,15 @@ class Blocks:
         self.blocks[bucket] += self.reducer.reduce_scatter_(flat, counts, f"g{bucket}").wait()
 
 
-def build(name: str, prefetch: bool = True, reducer=None):
-    """Model ``name`` under stage 3 on the current runtime: (model, ShardedParameters, Blocks, layout)."""
+def build(name: str, prefetch: bool = True, reducer=None, by_group: bool = False):
+    """Model ``name`` under stage 3 on the current runtime: (model, ShardedParameters, Blocks, layout).
+    ``by_group``: biases in another param group than weights, so that every module's unit is split in
+    two buckets."""
     model = make_model(name)
     reducer = reducer or Reducer(Comm())
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    layout = Layout.units(named, [0] * len(named), reducer.shard_size, units_of(model, named))
+    groups = [int(by_group and n.endswith("bias")) for n, _ in named]
+    layout = Layout.units(named, groups, reducer.shard_size, units_of(model, named, groups))
     blocks = Blocks(layout, reducer)
     return model, ShardedParameters(model, named, layout, reducer, blocks, prefetch=prefetch), blocks, layout
 
@@ -164,17 +178,20 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
 
 def _released(sp: ShardedParameters) -> list[str]:
     bad = [u.name for u in sp.units if u.state != FREE or u.flat.untyped_storage().nbytes() != 0]
+    bad += [f"{u.name} parameter data" for u in sp.units if any(p.numel() for p in u.params)]
     if sp.memory()["gathered"] != 0:
         bad.append(f"{sp.memory()['gathered']} bytes gathered")
     return bad
 
 
-def case_equivalence(rank: int, world: int, name: str, prefetch: bool, accumulate: int = 1) -> list[str]:
+def case_equivalence(rank: int, world: int, name: str, prefetch: bool, accumulate: int = 1,
+                     by_group: bool = False) -> list[str]:
     """Two steps (``accumulate`` forward+backward each): outputs bitwise the plain model's, the blocks
-    the reduce-scatter of the plain model's gradients, every buffer freed after each forward and
-    backward, the peak within the declared bound, every shard byte-exact; also an eval forward."""
+    the reduce-scatter of the plain model's gradients, each unit's gradient handed at most once per
+    backward, every buffer freed after each forward and backward, the peak within the declared bound,
+    the shards of the right size; also an eval forward."""
     fails: list[str] = []
-    model, sp, blocks, layout = build(name, prefetch)
+    model, sp, blocks, layout = build(name, prefetch, by_group=by_group)
     ref = make_model(name)
     shard_bytes = sum(b.counts[rank] for b in layout.buckets) * 4
     if sp.memory()["shards"] != shard_bytes:
@@ -189,8 +206,11 @@ def case_equivalence(rank: int, world: int, name: str, prefetch: bool, accumulat
             if not torch.equal(y, ref(x)):
                 fails.append(f"step {s}: output differs from the plain model")
             fails += [f"after forward {s}: {b} still gathered" for b in _released(sp)]
+            del blocks.calls[:]
             y.sum().backward()
             fails += [f"after backward {s}: {b} still gathered" for b in _released(sp)]
+            if len(set(blocks.calls)) != len(blocks.calls):
+                fails.append(f"backward {s}: a unit's gradient handed twice: {blocks.calls}")
         want = expected_blocks(name, layout, rank, world, seen)
         for b, (got, exp) in enumerate(zip(blocks.blocks, want)):
             if not torch.allclose(got, exp, rtol=TOL, atol=TOL):
