@@ -88,6 +88,11 @@ def _states(sp):
     return [u.state != FREE for u in sp.units]
 
 
+def _held(sp):
+    """Bytes of full buffers allocated now, counted from the storages themselves."""
+    return sum(u.flat.untyped_storage().nbytes() for u in sp.units)
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_prefetch_order_and_identical_results(prefetch):
     """First forward: gathers on demand, checked, then a checked marker. Later: the next unit is in
@@ -98,11 +103,12 @@ def test_prefetch_order_and_identical_results(prefetch):
         model, sp, blocks, layout = build("mlp", prefetch, reducer=Recording(Comm()))
         log = sp.reducer.log
         linears = [m for m in model if isinstance(m, torch.nn.Linear)]
-        seen = []
+        seen, held = [], []
         for k, m in enumerate(linears):
             m.register_forward_pre_hook(lambda mod, args, k=k: seen.append((k, _states(sp))))
+            m.register_forward_pre_hook(lambda mod, args: held.append(_held(sp)))
         handed, orig = [], sp.on_gradient
-        sp.on_gradient = lambda b, g: (handed.append((b, _states(sp))), orig(b, g))
+        sp.on_gradient = lambda b, g: (handed.append((b, _states(sp))), held.append(_held(sp)), orig(b, g))
         out = []
         for step in range(3):
             seen.clear()
@@ -127,6 +133,8 @@ def test_prefetch_order_and_identical_results(prefetch):
             assert [s[b - 1] for b, s in handed[:2]] == [prefetch] * 2, handed
             biggest = max(u.nbytes for u in sp.units)
             assert sp.memory()["peak_gathered"] <= (2 if prefetch else 1) * biggest
+            assert max(held) <= (2 if prefetch else 1) * biggest and _held(sp) == 0, held
+            held.clear()
         return out
 
     assert [len(r) for r in run_world(2, body)] == [3, 3]
@@ -247,3 +255,22 @@ def test_eval_forward_with_grad_and_no_backward():
         return sorted(blocks.calls), sp.memory()["gathered"]
 
     assert run_world(2, body) == [([0, 1, 2], 0)] * 2
+
+
+def test_failed_forward_then_training_and_retain_graph():
+    """A forward that raises (bad input) leaves nothing gathered and the next one is the checked first
+    forward; a backward run twice over a retained graph hands every gradient twice."""
+
+    def body(rank):
+        model, sp, blocks, layout = build("mlp")
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            model(torch.ones(2, 4))
+        assert sp.memory()["gathered"] == 0 and not sp._recorded
+        loss = model(batch("mlp", rank, 0)).sum()
+        loss.backward(retain_graph=True)
+        first = [b.clone() for b in blocks.blocks]
+        loss.backward()
+        assert sorted(blocks.calls) == [0, 0, 1, 1, 2, 2] and sp.memory()["gathered"] == 0
+        return all(torch.equal(b, 2 * f) for b, f in zip(blocks.blocks, first))
+
+    assert run_world(3, body) == [True] * 3
