@@ -27,6 +27,12 @@ def test_equivalence_without_prefetch_and_with_accumulation(name, world):
     assert fails == [[]] * world
 
 
+@pytest.mark.parametrize("world", [5, 7])
+def test_units_smaller_than_the_world(world):
+    fails = run_world(world, lambda rank: case_equivalence(rank, world, "tiny", prefetch=True, accumulate=2))
+    assert fails == [[]] * world
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_units_split_by_param_group(world):
     """Weights and biases in two param groups: every module needs two buckets."""

@@ -177,7 +177,6 @@ class ShardedParameters:
             for u in self.units:
                 u.drop_originals()
                 u.bind_placeholders()
-            self._live -= sum(u.nbytes for u in self.units)
             self._in_gathered = False
 
     def close(self) -> None:
@@ -193,13 +192,13 @@ class ShardedParameters:
             u.bind_originals()
             u.drop_originals(keep=True)
             u.shard = torch.empty(0, dtype=u.shard.dtype, device=u.shard.device)
-        self._live -= sum(u.nbytes for u in self.units)
         self._closed = True
 
     def memory(self) -> dict[str, int]:
-        """Bytes of this rank: ``shards`` (the parameter shards), ``gathered`` (full buffers held now),
-        ``peak_gathered`` (most held at once since construction or :meth:`reset_peak`), ``bound`` (the
-        declared working-buffer bound, :meth:`bound_bytes`)."""
+        """Bytes of this rank: ``shards`` (the parameter shards), ``gathered`` (full buffers of forward and
+        backward held now), ``peak_gathered`` (most held at once since construction or :meth:`reset_peak`),
+        ``bound`` (the declared working-buffer bound, :meth:`bound_bytes`). The full copies of
+        ``gathered()`` (the whole model, by definition) are not counted."""
         return {"shards": sum(u.shard.numel() * u.shard.element_size() for u in self.units), "gathered": self._live,
                 "peak_gathered": self._peak, "bound": self.bound_bytes()}
 
@@ -211,9 +210,9 @@ class ShardedParameters:
         self._peak = self._live
 
     # ---- buffers --------------------------------------------------------------------------------------
-    def _issue(self, b: int, check: bool = False) -> None:
+    def _issue(self, b: int) -> None:
         u = self.units[b]
-        u.issue(self.reducer, check)
+        u.issue(self.reducer)
         self._live += u.nbytes
         self._peak = max(self._peak, self._live)
         if u.data_ptr():
@@ -230,8 +229,6 @@ class ShardedParameters:
 
     def _copy_all(self) -> None:
         """Every bucket gathered into a fresh copy (:meth:`Unit.gather_copy`), in bucket order."""
-        self._live += sum(u.nbytes for u in self.units)
-        self._peak = max(self._peak, self._live)
         futures = [u.gather_copy(self.reducer) for u in self.units]
         for f in futures:
             f.wait()

@@ -68,12 +68,12 @@ class Unit:
         self.bind_placeholders()
 
     # ---- the buffer ---------------------------------------------------------------------------------
-    def issue(self, reducer, check: bool) -> None:
+    def issue(self, reducer) -> None:
         """Allocate the buffer, put this rank's block in, start the all-gather."""
         assert self.state == FREE, (self.name, self.state)
         self.flat.untyped_storage().resize_(self.nbytes)
         self.buf[self.start:self.end].copy_(self.shard)
-        self.future = reducer.allgather_(self.buf, self.counts, f"zero3/{self.index}:{self.name}", check=check)
+        self.future = reducer.allgather_(self.buf, self.counts, f"zero3/{self.index}:{self.name}")
         self.state = ISSUED
 
     def wait(self) -> None:
