@@ -6,7 +6,9 @@ that fails on one rank does not leave the others waiting in a collective.
 Models (:data:`MODELS`): ``mlp`` (three linear units), ``tiny`` (units of 1 and 2 elements: fewer than
 ranks), ``tied`` (embedding and output head share a weight), ``nested`` (a module with its own parameter
 around a child), ``unused`` (a unit whose module ignores its parameters, a unit with one unused and one
-empty parameter, a unit of zero elements), ``twice`` (a module called twice in one forward). Values are small multiples of 1/4,
+empty parameter, a unit of zero elements), ``twice`` (a module called twice in one forward),
+``attention`` (``nn.MultiheadAttention``: reads its ``out_proj``'s parameters without calling it),
+``peeks`` (a parent reads a child's parameters). Values are small multiples of 1/4,
 inputs small integers, so forwards and gradients are exact in float32.
 """
 from __future__ import annotations
@@ -87,6 +89,32 @@ class Tied(nn.Module):
         return self.head(torch.relu(self.mid(self.emb(ids)))).sum(1)
 
 
+class Attention(nn.Module):
+    """nn.MultiheadAttention reads ``out_proj.weight`` without calling ``out_proj``."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(5, 8)
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.proj(x).view(-1, 2, 4)
+        return self.out(self.attn(h, h, h)[0].reshape(-1, 8))
+
+
+class Peeks(nn.Module):
+    """Reads a child's parameter without calling the child."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 3)
+        self.b = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.b(x) * self.a.weight.sum(0)[:3] + self.a.bias
+
+
 def _mlp():
     return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3), nn.Linear(3, 2))
 
@@ -102,6 +130,8 @@ MODELS = {
     "nested": lambda: nn.Sequential(nn.Linear(5, 3), Scaled(3), nn.Linear(3, 2)),
     "unused": lambda: nn.Sequential(nn.Linear(5, 3), Ignores(), Partly(), Empty(), nn.Linear(3, 2)),
     "twice": Twice,
+    "attention": Attention,
+    "peeks": Peeks,
 }
 
 

@@ -41,29 +41,6 @@ def test_outside_access_says_how_to_gather():
     assert sum(helds) == 35
 
 
-def test_parameter_of_another_module_used_in_forward():
-    class Peeks(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(2, 2)
-            self.b = nn.Linear(2, 2)
-
-        def forward(self, x):
-            return self.b(x) + self.a.weight.sum()
-
-    def body(rank):
-        model = Peeks()
-        named = list(model.named_parameters())
-        red = Reducer(Comm())
-        layout = Layout.units(named, [0] * 4, red.shard_size, units_of(model, named))
-        ShardedParameters(model, named, layout, red, lambda b, g: None)
-        with pytest.raises(ShardedParameterError, match="a.weight is sharded"):
-            model(torch.ones(1, 2))
-        return True
-
-    assert run_world(2, body) == [True, True]
-
-
 class RankOrder(nn.Module):
     """Runs its layers in an order that depends on the rank (and, with ``extra``, one more on rank 1)."""
 

@@ -9,11 +9,14 @@ and no storage. Reading its metadata works, so ``module.named_parameters()``, ``
 rank holds, and how to read it (``with zero.gathered():``).
 
 Stage 3 swaps the placeholders out of the modules while a module computes (forward and backward run on
-gathered values) and inside ``gathered()``, so the error never fires there.
+gathered values) and inside ``gathered()``, so the error never fires there. A placeholder used inside a
+forward all the same (a module reading another module's parameter) asks its ``resolve`` callable for the
+gathered tensor it stands for and runs the operation on that.
 """
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 __all__ = ["ShardedPlaceholder", "ShardedParameterError"]
 
@@ -40,14 +43,15 @@ class ShardedPlaceholder(torch.Tensor):
     this rank). Setting its ``grad`` to None is allowed (``zero_grad``); see the module doc."""
 
     @staticmethod
-    def __new__(cls, name: str, like: torch.Tensor, held: int):
+    def __new__(cls, name: str, like: torch.Tensor, held: int, resolve=None):
         t = torch.Tensor._make_wrapper_subclass(cls, tuple(like.shape), dtype=like.dtype, device=like.device,
                                                 requires_grad=like.requires_grad)
         t._zero_name = name
         t._zero_held = held
+        t._zero_resolve = resolve
         return t
 
-    def __init__(self, name: str, like: torch.Tensor, held: int):
+    def __init__(self, name: str, like: torch.Tensor, held: int, resolve=None):
         pass
 
     def message(self) -> str:
@@ -61,10 +65,12 @@ class ShardedPlaceholder(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if _allowed(func, args):
             with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
-        raise ShardedParameterError(_first(args, kwargs).message())
+                return func(*args, **kwargs)
+        args, kwargs = pytree.tree_map_only(ShardedPlaceholder, _resolved, (args, kwargs))
+        return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -79,6 +85,13 @@ def _allowed(func, args) -> bool:
         prop = getattr(getattr(func, "__self__", None), "__name__", "")
         return prop in ("grad", "_grad") and len(args) > 1 and args[-1] is None
     return name in _METHODS
+
+
+def _resolved(ph: ShardedPlaceholder) -> torch.Tensor:
+    real = ph._zero_resolve() if ph._zero_resolve is not None else None
+    if real is None:
+        raise ShardedParameterError(ph.message())
+    return real
 
 
 def _first(args, kwargs) -> ShardedPlaceholder:

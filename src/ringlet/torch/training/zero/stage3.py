@@ -11,8 +11,11 @@ hold every parameter once: a module needs the buckets that hold the parameters i
 from the prefetch) and binds views of the gathered buffer as the module's parameters; a forward hook
 frees them when no running forward uses them any more (a module used twice, or nested in a module that
 shares its unit, keeps them while any use is live). Outside, the modules hold
-:class:`~ringlet.torch.training.zero.placeholder.ShardedPlaceholder` objects: using one raises
-:class:`~ringlet.torch.training.zero.placeholder.ShardedParameterError`, which says how to gather it.
+:class:`~ringlet.torch.training.zero.placeholder.ShardedPlaceholder` objects: using one outside a forward
+raises :class:`~ringlet.torch.training.zero.placeholder.ShardedParameterError`, which says how to gather
+it. Used inside a forward of the model, but not by its own module's (a parent reading ``child.weight``,
+``nn.MultiheadAttention`` reading ``out_proj.weight``), a placeholder has its unit gathered on that first
+use, held until the innermost running stage-3 module's forward (or the model's) ends.
 
 **Backward.** The parameter views autograd saves are packed with their unit (saved-tensor hooks pushed
 for the forward of each hooked module); unpacking one in backward gathers the unit again if it is not
@@ -38,8 +41,7 @@ whose gradient is still being completed): :meth:`ShardedParameters.bound_bytes` 
 bucket. Tied weights and modules used several times add the units whose gradient waits on a later use.
 
 Not supported: activation checkpointing and caller saved-tensor hooks inside stage-3 modules (the
-stage's own hooks take precedence there); parameters used outside the forward of a module that registers
-them (the placeholder error); a custom autograd Function that keeps a parameter on ``ctx`` without
+stage's own hooks take precedence there); a custom autograd Function that keeps a parameter on ``ctx`` without
 ``save_for_backward``; keeping a tensor that shares a parameter's storage (``module.weight``, a view or
 ``detach()`` of it) beyond the forward of its module: its storage is released there (copy it, or read
 the parameters in ``gathered()``, whose tensors stay valid).
@@ -130,7 +132,7 @@ class ShardedParameters:
         self.prefetch = prefetch
         bindings, self._needs = _bindings(module, named, layout, where)
         self.units = [Unit(b, reducer.shard_rank, [named[s.index][1] for s in b.slots], bindings[b.index],
-                           _unit_name(b)) for b in layout.buckets]
+                           _unit_name(b), self._resolve) for b in layout.buckets]
         self._refs = [0] * len(self.units)
         self._frames: list[list] = []
         self._fwd: Walk | None = None
@@ -261,6 +263,8 @@ class ShardedParameters:
             self._end_backward()
         self._fwd = Walk(self._plan_fwd, self.prefetch and self._recorded)
         self._grad_fwd = torch.is_grad_enabled()
+        self._frames.append([module, True, []])
+        self._saved.__enter__()
         self._prefetch(self._fwd)
 
     def _end(self, module, args, output) -> None:
@@ -270,6 +274,7 @@ class ShardedParameters:
         if self._depth:
             return
         walk, self._fwd = self._fwd, None
+        self._post(module, args, output)
         for u in self.units:
             if self._refs[u.index] == 0:
                 self._free(u.index)
@@ -319,11 +324,26 @@ class ShardedParameters:
         for b in fresh:
             self._acquire_forward(b)
         for b in fresh:
-            u = self.units[b]
-            u.wait()
-            u.bind(u.views())
+            self.units[b].wait()
+            self.units[b].bind_views()
         self._saved.__enter__()
         frame[1] = True
+
+    def _resolve(self, b: int, k: int) -> torch.Tensor | None:
+        """A placeholder of slot ``k`` of unit ``b`` used in a forward outside its module's own (a parent
+        reading ``child.weight``, ``nn.MultiheadAttention`` reading ``out_proj.weight``): the unit is
+        gathered on this first use and held until the innermost running stage-3 forward ends. None
+        outside forwards (the placeholder raises)."""
+        if self._closed or self._in_gathered or not self._frames or torch._C._current_graph_task_id() != -1:
+            return None
+        u = self.units[b]
+        if self._refs[b] == 0:
+            self._refs[b] += 1
+            self._frames[-1][2].append(b)
+            self._acquire_forward(b)
+            u.wait()
+            u.bind_views()
+        return u.current[k]
 
     def _post(self, module, args, output) -> None:
         if not self._frames or self._frames[-1][0] is not module:

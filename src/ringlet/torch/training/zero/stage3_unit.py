@@ -36,7 +36,8 @@ class Unit:
     Construction copies this rank's block of the current values into the shard and releases the
     parameters' storage (their ``data`` become empty tensors)."""
 
-    def __init__(self, bucket: Bucket, rank: int, params: list[torch.Tensor], bindings: list[Binding], name: str):
+    def __init__(self, bucket: Bucket, rank: int, params: list[torch.Tensor], bindings: list[Binding], name: str,
+                 resolve=None):
         self.index = bucket.index
         self.name = name
         self.counts = tuple(bucket.counts)
@@ -55,7 +56,9 @@ class Unit:
         held = {s.index: 0 for s in bucket.slots}
         for piece in bucket.pieces(rank):
             held[piece.slot.index] += piece.numel
-        self.placeholders = [ShardedPlaceholder(s.name, p, held[s.index]) for s, p in zip(bucket.slots, params)]
+        self.placeholders = [ShardedPlaceholder(s.name, p, held[s.index], _resolver(resolve, self.index, k))
+                             for k, (s, p) in enumerate(zip(bucket.slots, params))]
+        self.current: list[torch.Tensor] | None = None
         self.flat = torch.empty(self.numel, dtype=like.dtype, device=like.device).requires_grad_(True)
         self.buf = self.flat.data
         self.nbytes = self.numel * self.flat.element_size()
@@ -91,6 +94,7 @@ class Unit:
             self.flat.grad = None
             self._release_storage()
             self.state = FREE
+            self.current = None
             self.bind_placeholders()
 
     def data_ptr(self) -> int:
@@ -104,6 +108,11 @@ class Unit:
         """The parameters as views of ``flat`` (with autograd history when grad mode is on)."""
         parts = torch.split(self.flat, self.sizes) if self.sizes else ()
         return [part.view(shape) for part, shape in zip(parts, self.shapes)]
+
+    def bind_views(self) -> None:
+        """Bind fresh views of ``flat`` (:meth:`views`); ``current`` holds them until freed."""
+        self.current = self.views()
+        self.bind(self.current)
 
     def bind(self, tensors) -> None:
         for module, attr, k in self.bindings:
@@ -149,3 +158,7 @@ class Unit:
 
     def _part(self, k: int) -> torch.Tensor:
         return self.full[self.offsets[k]:self.offsets[k] + self.sizes[k]]
+
+
+def _resolver(resolve, unit: int, k: int):
+    return None if resolve is None else (lambda: resolve(unit, k))
