@@ -32,8 +32,13 @@ class Net(torch.nn.Module):
 
 
 def make_model(dtype=torch.float32, unused: bool = False) -> Net:
-    torch.manual_seed(11)
-    return Net(unused).to(dtype)
+    """The same values every call, from a generator of its own (ranks may be threads: no global seed)."""
+    net = Net(unused)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.4)
+    return net.to(dtype)
 
 
 def batch(rank: int, step: int, micro: int = 0, dtype=torch.float32):
