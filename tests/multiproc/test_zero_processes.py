@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from case_jobs import run_worker
 
-CASES = ["equivalence", "ddp", "variants", "bf16", "scaler", "checkpoint"]
+CASES = ["equivalence", "ddp", "variants", "bf16", "scaler", "checkpoint", "stage3"]
 
 
 @pytest.mark.multiproc

@@ -16,7 +16,8 @@ The models, data and loops are those of tests/unit/zero_cases.py. Cases, in orde
 * ``scaler``: ringlet's GradScaler with an inf in one element of one rank's gradient: every rank skips the
   step and halves its scale, though only the owner of that element saw the inf;
 * ``checkpoint``: ``shard_state`` then ``load_shard_state`` into fresh objects continues bitwise as the
-  uninterrupted run; the rank's own ``state_dict`` likewise.
+  uninterrupted run; the rank's own ``state_dict`` likewise;
+* ``stage3``: stage 3 against the plain run (1e-6), when ``zero.stage3`` is present (else recorded as skipped).
 """
 from __future__ import annotations
 
@@ -176,10 +177,31 @@ def case_checkpoint(rank, world):
     return run
 
 
+def case_stage3(rank, world):
+    def run(numbers):
+        try:
+            import ringlet.torch.training.zero.stage3  # noqa: F401
+        except ImportError:
+            numbers["stage3"] = "skipped: zero.stage3 absent"
+            return
+        for opt in ("adam", "sgd"):
+            for micro in (1, 2):
+                cfg = Config(stage=3, opt=opt, micro=micro)
+                net, zero = train_zero(rank, cfg)
+                with zero.gathered():
+                    got = flat_params(net)
+                d = max_diff(got, flat_params(train_plain(world, cfg)))
+                numbers[cfg.label()] = d
+                check(d <= TOL, f"{cfg.label()}: differs from the reference by {d}")
+                check(identical_across_ranks([got]), f"{cfg.label()}: ranks disagree")
+    return run
+
+
 def make_cases(rank, world):
     return [("equivalence", case_equivalence(rank, world)), ("ddp", case_ddp(rank, world)),
             ("variants", case_variants(rank, world)), ("bf16", case_bf16(rank, world)),
-            ("scaler", case_scaler(rank, world)), ("checkpoint", case_checkpoint(rank, world))]
+            ("scaler", case_scaler(rank, world)), ("checkpoint", case_checkpoint(rank, world)),
+            ("stage3", case_stage3(rank, world))]
 
 
 if __name__ == "__main__":

@@ -226,3 +226,51 @@ def test_explicit_even_partition_with_another_class():
         assert isinstance(zero.layout.partition, Even)
         assert any(p.start > 0 or p.end < p.slot.numel for p in zero._shards.pieces)
     run_world(2, body)
+
+
+def test_custom_reducer_carries_every_bucket():
+    from ringlet.torch.comm import Comm
+    from ringlet.torch.training.zero.reduce import Reducer
+
+    class Counting(Reducer):
+        def __init__(self, comm):
+            super().__init__(comm)
+            self.calls = []
+
+        def reduce_scatter_(self, flat, counts, name, state=None, *, check=False):
+            assert isinstance(state, dict)
+            self.calls.append(("rs", flat.numel()))
+            return super().reduce_scatter_(flat, counts, name, state, check=True)
+
+        def allgather_(self, flat, counts, name, *, check=False):
+            self.calls.append(("ag", flat.numel()))
+            return super().allgather_(flat, counts, name, check=True)
+
+    def body(rank):
+        red = Counting(Comm())
+        net, zero = train_zero(rank, Config(stage=2, steps=2, options={"reducer": red}))
+        n = len(zero.layout.buckets)
+        assert zero.reducer is red and len(red.calls) == 4 * n
+        assert sorted(red.calls[:n]) == sorted(("rs", b.numel) for b in zero.layout.buckets)
+        return flat_params(net), None
+    results = run_world(3, body)
+    assert max_diff(results[0][0], flat_params(train_plain(3, Config(stage=2, steps=2)))) <= TOL
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("opt", ["adam", "sgd"])
+@pytest.mark.parametrize("micro", [1, 2])
+def test_stage3_equals_plain_training(world, opt, micro):
+    pytest.importorskip("ringlet.torch.training.zero.stage3")
+    cfg = Config(stage=3, opt=opt, micro=micro)
+
+    def body(rank):
+        net, zero = train_zero(rank, cfg)
+        mem = zero.memory()
+        shard = zero.layout.shard_numel(zero.shard_rank)
+        assert mem["parameters"] == 4 * shard and mem["gradients"] == 4 * shard and mem["master"] == 0
+        with zero.gathered():
+            return flat_params(net), mem
+    results = run_world(world, body)
+    assert_identical(results)
+    assert max_diff(results[0][0], flat_params(train_plain(world, cfg))) <= TOL
