@@ -122,11 +122,11 @@ class LocalGradients:
     def sync(self) -> None:
         """Reduce-scatter every bucket into the gradient shards (once per step). ``RuntimeError`` when the
         gradients were consumed by a step and not zeroed since; ``ValueError`` for a sparse gradient."""
-        if self.synced:
-            return
         if self.consumed:
             raise RuntimeError("ZeroOptimizer (stage 1): step() consumed the gradients (they were reduce-scattered "
                                "in place); call zero_grad() between step() and the next backward.")
+        if self.synced:
+            return
         casts = [_travel_dtype(self.options, b.dtype) != b.dtype for b in self.layout.buckets]
         limit = self.options.max_inflight if any(casts) else max(1, len(self.layout.buckets))
         pipe = _Pipeline(self.reducer, self.layout, self.prefix, self.states, self._fold, limit, self.working)
