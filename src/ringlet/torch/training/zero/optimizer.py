@@ -119,7 +119,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._comm.size > 1:
             self._broadcast_rest(set())
         self._flat = None
-        self._layout = Layout.units(named, gidx, self._reducer.shard_size, units_of(module, named), partition)
+        self._layout = Layout.units(named, gidx, self._reducer.shard_size, _units(units_of, module, named, gidx),
+                                    partition)
         n = len(self._layout.buckets)
         self._grads = StreamedGradients(self._layout, None, self.shard_rank, self._reducer, self._options,
                                         self._prefix, self._working, range(n - 1, -1, -1))
@@ -231,7 +232,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         not views of them; stages 2-3: the float32 shards), ``optimizer_state`` (every tensor of the inner
         optimizer's state), ``master`` (float32 master shards that are copies; none for float32 parameters),
         ``working`` (working buffers held now), ``working_peak`` (the most held at once so far) and
-        ``working_bound`` (the declared bound, see ``docs/zero.md``; -1 where it is the stage-3 module's)."""
+        ``working_bound`` (the declared bound, see ``docs/zero.md``)."""
         if self._flat is not None:
             params = self._flat.nbytes()
         else:
@@ -246,7 +247,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The declared bound on working bytes (stage 1: ``max_inflight`` cast buffers when the gradients
         travel in another dtype, else 0; stage 2: ``max_inflight`` flat buckets in the travelling dtype plus
         two buckets of ``.grad`` in the model dtype; stage 3: ``max_inflight`` flat buckets, plus the gathered
-        units of ``ShardedParameters.working_bound()`` when it has one)."""
+        units that ``ShardedParameters.bound_bytes()`` declares)."""
         sizes = [(b.numel, b.dtype, self._options.reduce_dtype or b.dtype) for b in self._layout.buckets]
         travel = max((n * t.itemsize for n, _, t in sizes), default=0)
         model = max((n * d.itemsize for n, d, _ in sizes), default=0)
@@ -256,7 +257,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return k * travel if casts else 0
         if self._stage == 2:
             return k * travel + 2 * model
-        extra = getattr(self._store, "working_bound", None)
+        extra = getattr(self._store, "bound_bytes", None) or getattr(self._store, "working_bound", None)
         return k * travel + (extra() if callable(extra) else 0)
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
@@ -291,6 +292,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (f"ZeroOptimizer(stage={self._stage}, {type(self._shards.optimizer).__name__}, world={self.world}, "
                 f"shard_rank={self.shard_rank}, buckets={len(self._layout.buckets)})")
+
+
+def _units(units_of, module, named, gidx) -> list[list[int]]:
+    """``units_of(module, named)``, passing the param-group indices too where it takes them (to split a
+    module's parameters by dtype and group)."""
+    import inspect
+
+    if len(inspect.signature(units_of).parameters) >= 3:
+        return units_of(module, named, gidx)
+    return units_of(module, named)
 
 
 def _check_class(optimizer_class, stage, options) -> None:
