@@ -8,7 +8,7 @@ from ringlet.torch.training import GradScaler
 from ringlet.torch.training.zero import Even, WholeParameters, ZeroOptimizer, ZeroOptions
 
 from conftest import run_world
-from zero_cases import Config, NormSGD, batch, flat_params, make_model, max_diff, poison, train_plain, train_zero
+from zero_cases import Config, NormSGD, need_stage, snapshot, batch, flat_params, make_model, max_diff, poison, train_plain, train_zero
 
 TOL = 1e-6
 
@@ -66,19 +66,21 @@ def test_non_elementwise_optimizer_gets_whole_parameters():
     run_world(3, body)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("reduce_dtype", [None, torch.float32])
 def test_bfloat16_model_keeps_float32_masters(stage, reduce_dtype):
+    need_stage(stage)
     cfg = Config(stage=stage, dtype=torch.bfloat16, options={"reduce_dtype": reduce_dtype})
 
     def body(rank):
         net, zero = train_zero(rank, cfg)
-        assert all(p.dtype == torch.bfloat16 for p in net.parameters())
+        with zero.gathered():
+            assert all(p.dtype == torch.bfloat16 for p in net.parameters())
         for b, m in enumerate(zero._shards.masters):
             assert m.dtype == torch.float32 and torch.equal(zero._block(b), m.to(torch.bfloat16))
         assert all(v.dtype == torch.float32 for st in zero.state.values() for k, v in st.items() if k != "step")
         assert zero.memory()["master"] == 4 * zero.layout.shard_numel(zero.shard_rank)
-        return flat_params(net), None
+        return snapshot(net, zero), None
     results = run_world(3, body)
     assert_identical(results)
     ref = flat_params(train_plain(3, cfg))

@@ -8,7 +8,7 @@ from ringlet.torch.training.zero import ZeroOptimizer, ZeroOptions
 from ringlet.torch.training.zero.state import CheckpointMismatch
 
 from conftest import run_world
-from zero_cases import Config, batch, flat_params, make_model, train_zero
+from zero_cases import Config, batch, flat_params, make_model, need_stage, snapshot, train_zero
 
 
 def stitch(states):
@@ -41,13 +41,14 @@ def continue_training(rank, zero, net, cfg, first, steps):
         F.mse_loss(net(x), y).backward()
         zero.step()
         zero.zero_grad()
-    return flat_params(net)
+    return snapshot(net, zero)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("opt", ["adam", "sgd"])
 @pytest.mark.parametrize("worlds", [(2, 2), (2, 3), (4, 2), (3, 1)])
 def test_shard_state_round_trip_any_world(stage, opt, worlds):
+    need_stage(stage)
     before, after = worlds
     cfg = Config(stage=stage, opt=opt, steps=3, bucket_bytes=128)
 
@@ -73,15 +74,17 @@ def test_shard_state_round_trip_any_world(stage, opt, worlds):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_resharded_state_is_elementwise_equal(world):
-    cfg = Config(stage=1, opt="adam", steps=2, bucket_bytes=128)
-    out = run_world(2, lambda rank: (lambda nz: (nz[1].shard_state(), flat_params(nz[0])))(train_zero(rank, cfg)))
+@pytest.mark.parametrize("stages", [(1, 2), (2, 3), (3, 1)])
+def test_resharded_state_is_elementwise_equal(world, stages):
+    need_stage(max(stages))
+    cfg = Config(stage=stages[0], opt="adam", steps=2, bucket_bytes=128)
+    out = run_world(2, lambda rank: (lambda nz: (nz[1].shard_state(), snapshot(*nz)))(train_zero(rank, cfg)))
     fetch = stitch([o[0] for o in out])
 
     def body(rank):
-        net, zero = train_zero(rank, Config(stage=2, steps=0, bucket_bytes=200))
+        net, zero = train_zero(rank, Config(stage=stages[1], steps=0, bucket_bytes=200))
         zero.load_shard_state(fetch)
-        return zero.shard_state(), flat_params(net)
+        return zero.shard_state(), snapshot(net, zero)
     res = run_world(world, body)
     assert all(torch.equal(r[1], out[0][1]) for r in res)
     fetch2 = stitch([r[0] for r in res])
@@ -109,8 +112,9 @@ def test_load_before_any_step_creates_state_and_mismatch_names_parameter():
     run_world(2, body)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_own_state_dict_round_trip(stage):
+    need_stage(stage)
     cfg = Config(stage=stage, steps=3)
 
     def body(rank):

@@ -139,6 +139,20 @@ def flat_params(net: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in net.parameters()])
 
 
+def snapshot(net: torch.nn.Module, zero: ZeroOptimizer) -> torch.Tensor:
+    """:func:`flat_params`, gathered first under stage 3 (a collective there: every rank calls it)."""
+    with zero.gathered():
+        return flat_params(net)
+
+
+def need_stage(stage: int) -> None:
+    """Skip the calling test for stage 3 when ``zero.stage3`` is not there."""
+    if stage == 3:
+        import pytest
+
+        pytest.importorskip("ringlet.torch.training.zero.stage3")
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
