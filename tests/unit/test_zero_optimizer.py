@@ -276,3 +276,24 @@ def test_stage3_equals_plain_training(world, opt, micro):
     results = run_world(world, body)
     assert_identical(results)
     assert max_diff(results[0][0], flat_params(train_plain(world, cfg))) <= TOL
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["hierarchical", "fp16"])
+def test_other_reducers(stage, kind):
+    """zero-reduce's reducers plug in through ZeroOptions.reducer (skipped where they are absent)."""
+    need_stage(stage)
+    hier = pytest.importorskip("ringlet.torch.training.zero.reduce_hierarchical")
+    comp = pytest.importorskip("ringlet.torch.training.zero.reduce_compressed")
+    from ringlet.torch.comm import Comm
+
+    def body(rank):
+        red = hier.HierarchicalReducer(host_of=(0, 0, 1, 1)) if kind == "hierarchical" else \
+            comp.CompressedReducer(Comm(), "fp16")
+        net, zero = train_zero(rank, Config(stage=stage, options={"reducer": red}))
+        assert zero.world == (2 if kind == "hierarchical" else 4)
+        return snapshot(net, zero), None
+    results = run_world(4, body)
+    assert_identical(results)
+    tol = TOL if kind == "hierarchical" else 1e-3
+    assert max_diff(results[0][0], flat_params(train_plain(4, Config(stage=stage)))) <= tol
