@@ -9,7 +9,8 @@
   ``sync`` consumes the gradients: the rest of each flat buffer is scratch until :meth:`LocalGradients.zero`.
 * :class:`StreamedGradients` (stages 2 and 3): as soon as every gradient of a bucket is in, the bucket is
   copied into a fresh flat buffer (the parameters' ``.grad`` set to None: the full gradients are freed) and
-  its reduce-scatter launched; buckets launch in one fixed order on every rank (a bucket ready early waits
+  its reduce-scatter launched (a bucket of one parameter reduces the tensor autograd made, in place: no
+  copy); buckets launch in one fixed order on every rank (a bucket ready early waits
   for those before it), at most ``max_inflight`` of them unfinished: launching one more first waits for the
   oldest and adds its block into the gradient shard. An autograd-engine callback at the end of backward
   launches what is left (parameters without a gradient count as zero, on every rank alike) and waits for
@@ -263,6 +264,12 @@ class StreamedGradients:
     def _flatten(self, b: int, dtype: torch.dtype) -> torch.Tensor:
         """Bucket ``b``'s gradients in a fresh buffer (zeros where none arrived); their ``.grad`` dropped."""
         bucket = self.layout.buckets[b]
+        if len(bucket.slots) == 1 and self.params is not None:  # one parameter: reduce autograd's own tensor
+            p = self.params[bucket.slots[0].index]
+            g = p.grad
+            if g is not None and not g.is_sparse and g.dtype == dtype and g.is_contiguous():
+                p.grad = None
+                return g.detach().view(-1)
         flat = torch.empty(bucket.numel, dtype=dtype)
         for s in bucket.slots:
             part = flat[s.offset:s.offset + s.numel]
