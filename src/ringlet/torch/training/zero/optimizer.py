@@ -244,21 +244,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "working_bound": self.working_bound()}
 
     def working_bound(self) -> int:
-        """The declared bound on working bytes (stage 1: ``max_inflight`` cast buffers when the gradients
-        travel in another dtype, else 0; stage 2: ``max_inflight`` flat buckets in the travelling dtype plus
-        two buckets of ``.grad`` in the model dtype; stage 3: ``max_inflight`` flat buckets, plus the gathered
-        units that ``ShardedParameters.bound_bytes()`` declares)."""
-        sizes = [(b.numel, b.dtype, self._options.reduce_dtype or b.dtype) for b in self._layout.buckets]
-        travel = max((n * t.itemsize for n, _, t in sizes), default=0)
-        model = max((n * d.itemsize for n, d, _ in sizes), default=0)
+        """The declared bound on the bytes this rank holds beyond the model state while it trains (see
+        ``docs/zero.md``): the stage's own buffers — stage 1: ``max_inflight`` cast buffers when gradients
+        travel in another dtype, else none; stage 2: ``max_inflight`` flat buckets in the travelling dtype
+        plus two buckets of ``.grad`` (model dtype); stage 3: ``max_inflight`` flat buckets plus the gathered
+        units of ``ShardedParameters.bound_bytes()`` — plus the transients of every step: the inner
+        optimizer's temporaries (two float32 tensors of this rank's largest piece, as torch's elementwise
+        optimizers make) and, in stage 1, autograd's fresh gradient of a parameter before it is added into
+        ``.grad`` (the largest parameter, model dtype)."""
+        buckets = self._layout.buckets
+        travel = max((b.numel * (self._options.reduce_dtype or b.dtype).itemsize for b in buckets), default=0)
+        model = max((b.numel * b.dtype.itemsize for b in buckets), default=0)
         k = self._options.max_inflight
+        temps = 2 * 4 * max((p.numel for p in self._shards.pieces), default=0)
         if self._stage == 1:
-            casts = any(d != t for _, d, t in sizes)
-            return k * travel if casts else 0
+            casts = any((self._options.reduce_dtype or b.dtype) != b.dtype for b in buckets)
+            fresh = max((s.numel * b.dtype.itemsize for b in buckets for s in b.slots), default=0)
+            return (k * travel if casts else 0) + fresh + temps
         if self._stage == 2:
-            return k * travel + 2 * model
+            return k * travel + 2 * model + temps
         extra = getattr(self._store, "bound_bytes", None) or getattr(self._store, "working_bound", None)
-        return k * travel + (extra() if callable(extra) else 0)
+        return k * travel + (extra() if callable(extra) else 0) + temps
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def shard_state(self, extra: dict | None = None) -> ShardState:
