@@ -144,11 +144,11 @@ def test_stage2_frees_full_gradients_and_bounds_working_buffers():
         zero.step()
         mem = zero.memory()
         assert len(zero.layout.buckets) >= 5
-        assert 0 < mem["working_peak"] <= mem["working_bound"] and mem["working"] == 0
+        assert 0 < mem["buffers"] <= mem["buffers_bound"] and mem["buffers_now"] == 0
         psi = sum(p.numel() for p in net.parameters())
         shard = zero.layout.shard_numel(zero.shard_rank)
         assert mem["parameters"] == 4 * psi and mem["gradients"] == 4 * shard and mem["master"] == 0
-        assert 8 * shard <= mem["optimizer_state"] <= 8 * shard + 4 * len(zero._shards.pieces)
+        assert 8 * shard <= mem["optimizer"] <= 8 * shard + 4 * len(zero._shards.pieces)
         return mem
     run_world(3, body)
 
@@ -162,10 +162,10 @@ def test_stage1_memory_and_consumed_gradients():
         F.mse_loss(net(x), y).backward()
         zero.step()
         mem = zero.memory()
-        assert mem["parameters"] == 4 * psi and mem["gradients"] == 4 * psi and mem["working_peak"] == 0
-        assert mem["optimizer_state"] == 4 * zero.layout.shard_numel(zero.shard_rank)
+        assert mem["parameters"] == 4 * psi and mem["gradients"] == 4 * psi and mem["buffers"] == 0
+        assert mem["optimizer"] == 4 * zero.layout.shard_numel(zero.shard_rank)
         largest_piece = max(p.numel for p in zero._shards.pieces)
-        assert mem["working_bound"] == 4 * net.fc2.weight.numel() + 8 * largest_piece
+        assert mem["buffers_bound"] == 4 * net.fc2.weight.numel() + 8 * largest_piece
         F.mse_loss(net(x), y).backward()
         with pytest.raises(RuntimeError, match="zero_grad"):
             zero.step()

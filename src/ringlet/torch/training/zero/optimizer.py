@@ -229,19 +229,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds, from the tensors it owns: ``parameters`` (stages 1-2: the full flat buffers;
         stage 3: the shards), ``gradients`` (stage 1: the full flat gradient buffers plus float32 shards that are
-        not views of them; stages 2-3: the float32 shards), ``optimizer_state`` (every tensor of the inner
+        not views of them; stages 2-3: the float32 shards), ``optimizer`` (every tensor of the inner
         optimizer's state), ``master`` (float32 master shards that are copies; none for float32 parameters),
-        ``working`` (working buffers held now), ``working_peak`` (the most held at once so far) and
-        ``working_bound`` (the declared bound, see ``docs/zero.md``)."""
+        ``buffers`` (the most working-buffer bytes held at once so far), ``buffers_now`` (held now) and
+        ``buffers_bound`` (the declared bound, :meth:`working_bound`)."""
         if self._flat is not None:
             params = self._flat.nbytes()
         else:
             params = sum(self._store.shard(b).numel() * self._store.shard(b).element_size()
                          for b in range(len(self._layout.buckets)))
         return {"parameters": params, "gradients": self._grads.nbytes(),
-                "optimizer_state": self._shards.state_bytes(), "master": self._shards.master_bytes(),
-                "working": self._working.current, "working_peak": self._working.peak,
-                "working_bound": self.working_bound()}
+                "optimizer": self._shards.state_bytes(), "master": self._shards.master_bytes(),
+                "buffers": self._working.peak, "buffers_now": self._working.current,
+                "buffers_bound": self.working_bound()}
 
     def working_bound(self) -> int:
         """The declared bound on the bytes this rank holds beyond the model state while it trains (see
