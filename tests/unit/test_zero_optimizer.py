@@ -48,7 +48,8 @@ def test_stages_agree_bitwise(world):
 @pytest.mark.parametrize("cfg", [Config(scheduler=True), Config(stage=2, unused=True, opt="adamw"),
                                  Config(stage=1, unused=True, opt="sgd"), Config(opt="norm"),
                                  Config(stage=2, opt="norm", micro=2), Config(bucket_bytes=1 << 20),
-                                 Config(stage=2, bucket_bytes=1, options={"max_inflight": 1})], ids=Config.label)
+                                 Config(stage=2, bucket_bytes=1, options={"max_inflight": 1}),
+                                 Config(clip=0.5), Config(stage=2, micro=2, clip=0.3, opt="sgd")], ids=Config.label)
 def test_variants_equal_plain_training(cfg):
     results = run_cfg(3, cfg)
     assert_identical(results)
@@ -292,10 +293,38 @@ def test_other_reducers(stage, kind):
     def body(rank):
         red = hier.HierarchicalReducer(host_of=(0, 0, 1, 1)) if kind == "hierarchical" else \
             comp.CompressedReducer(Comm(), "fp16")
-        net, zero = train_zero(rank, Config(stage=stage, options={"reducer": red}))
+        net, zero = train_zero(rank, Config(stage=stage, clip=0.5, options={"reducer": red}))
         assert zero.world == (2 if kind == "hierarchical" else 4)
         return snapshot(net, zero), None
     results = run_world(4, body)
     assert_identical(results)
     tol = TOL if kind == "hierarchical" else 1e-3
-    assert max_diff(results[0][0], flat_params(train_plain(4, Config(stage=stage)))) <= tol
+    assert max_diff(results[0][0], flat_params(train_plain(4, Config(stage=stage, clip=0.5)))) <= tol
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_clip_grad_norm_is_the_whole_models(stage, norm_type):
+    need_stage(stage)
+    world = 3
+    plain = make_model()
+    xs, ys = zip(*(batch(r, 0) for r in range(world)))
+    F.mse_loss(plain(torch.cat(xs)), torch.cat(ys)).backward()
+    ref = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.1, norm_type=norm_type)
+
+    def body(rank):
+        net = make_model()
+        zero = ZeroOptimizer(torch.optim.SGD, net, stage=stage, options=ZeroOptions(bucket_bytes=128), lr=1.0)
+        x, y = batch(rank, 0)
+        F.mse_loss(net(x), y).backward()
+        total = zero.clip_grad_norm_(0.1, norm_type=norm_type)
+        zero.step()
+        return snapshot(net, zero), float(total)
+    out = run_world(world, body)
+    assert all(o[1] == out[0][1] for o in out) and abs(out[0][1] - float(ref)) <= 1e-5 * float(ref)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.sub_(p.grad)
+    assert max_diff(out[0][0], flat_params(plain)) <= TOL
+    with pytest.raises(ValueError, match="norm_type"):
+        run_world(1, lambda r: ZeroOptimizer(torch.optim.SGD, make_model(), lr=1.0).clip_grad_norm_(1.0, 0))

@@ -78,10 +78,12 @@ class Config:
     scheduler: bool = False
     unused: bool = False
     options: dict = field(default_factory=dict)
+    clip: float | None = None
 
     def label(self) -> str:
         return (f"s{self.stage}.{self.opt}.m{self.micro}.{str(self.dtype)[6:]}{'.lr' if self.scheduler else ''}"
-                f"{'.unused' if self.unused else ''}{'.' + ','.join(self.options) if self.options else ''}")
+                f"{'.unused' if self.unused else ''}{'.' + ','.join(self.options) if self.options else ''}"
+                f"{f'.clip{self.clip}' if self.clip else ''}")
 
 
 def _sched(opt, on: bool):
@@ -99,6 +101,8 @@ def train_zero(rank: int, cfg: Config, model: torch.nn.Module | None = None):
         for m in range(cfg.micro):
             x, y = batch(rank, s, m, cfg.dtype)
             F.mse_loss(net(x), y).backward()
+        if cfg.clip is not None:
+            zero.clip_grad_norm_(cfg.clip)
         zero.step()
         zero.zero_grad()
         if sched is not None:
@@ -125,6 +129,8 @@ def train_plain(world: int, cfg: Config) -> torch.nn.Module:
                     masters[i].grad = g.float()
                 else:
                     p.grad = g
+            if cfg.clip is not None:
+                torch.nn.utils.clip_grad_norm_(masters if masters is not None else list(net.parameters()), cfg.clip)
             opt.step()
             if masters is not None:
                 for p, mp in zip(net.parameters(), masters):

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ...comm import Comm
+from .clip import clip_shards_
 from .flat_params import FlatParameters
 from .gradients import LocalGradients, StreamedGradients, Working
 from .layout import Layout
@@ -207,6 +208,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Zero the gradients (``set_to_none`` is accepted for compatibility): stage 1 zeros the flat gradient
         buffers (``param.grad`` stays their view), stages 2-3 the gradient shards."""
         self._grads.zero()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradient by the norm of the whole model, as ``torch.nn.utils.clip_grad_norm_``
+        on an unsharded model would (:mod:`.clip`: one all-reduce of a partial norm); returns that norm
+        before clipping, the same on every rank. Call it between backward and :meth:`step` (after
+        ``scaler.unscale_(zero)`` with a loss scaler), on every rank."""
+        self._grads.sync()
+        shards = [self._grads.shard(b) for b in range(len(self._layout.buckets))]
+        replicas = max(1, self._reducer.world // self._reducer.shard_size)
+        return clip_shards_(shards, max_norm, norm_type, self._comm, replicas, f"{self._prefix}.clip")
 
     def add_param_group(self, param_group: dict) -> None:
         if getattr(self, "_open", False):
