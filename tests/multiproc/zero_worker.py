@@ -10,7 +10,7 @@ The models, data and loops are those of tests/unit/zero_cases.py. Cases, in orde
 * ``ddp``: the same runs against ringlet's ``DistributedDataParallel`` with the inner optimizer (1e-6);
 * ``variants``: an LR scheduler, a parameter that never gets a gradient, a non-elementwise optimizer on
   whole parameters (the default for classes outside the allowlist), one bucket, one bucket per parameter
-  with one reduce-scatter in flight;
+  with one reduce-scatter in flight, clipping by the whole model's gradient norm;
 * ``bf16``: a bfloat16 model (gradients reduced in bfloat16 and in float32): float32 masters, parameters
   equal to their rounded masters, close to the plain run, bitwise equal across ranks;
 * ``scaler``: ringlet's GradScaler with an inf in one element of one rank's gradient: every rank skips the
@@ -89,7 +89,8 @@ def case_variants(rank, world):
         for cfg in (Config(scheduler=True, steps=5), Config(stage=2, scheduler=True, opt="sgd", steps=5),
                     Config(unused=True), Config(stage=2, unused=True, opt="adamw"), Config(opt="norm"),
                     Config(stage=2, opt="norm", micro=2), Config(bucket_bytes=1 << 20),
-                    Config(stage=2, bucket_bytes=1, options={"max_inflight": 1})):
+                    Config(stage=2, bucket_bytes=1, options={"max_inflight": 1}), Config(clip=0.5),
+                    Config(stage=2, micro=2, clip=0.3, opt="sgd")):
             compare(rank, world, cfg, numbers)
     return run
 
