@@ -202,6 +202,7 @@ class Runtime:
                 fn, work = self._queue.popleft()
             with self._exec_lock:
                 work._run(fn)
+            fn = work = None  # the idle thread must not keep the last job's buffers (and result) alive
             with self._state_lock:
                 self._queued -= 1
 

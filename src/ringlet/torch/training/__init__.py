@@ -2,7 +2,8 @@
 bucket, overlap with backward; :class:`Priority`: front layers' gradients first, overlapping the next
 forward), sufficient factors of fully connected layers, the comm hooks for
 stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
-overflow decision agreed by the group, :class:`MasterWeights`), and synchronising less often
+overflow decision agreed by the group, :class:`MasterWeights`), ZeRO (:class:`ZeroOptimizer`: optimizer
+state, gradients and parameters sharded over the group), and synchronising less often
 (:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas).
 
 Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
@@ -15,5 +16,7 @@ from .diloco import DiLoCo
 from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
 from .priority import Priority
+from .zero import ZeroOptimizer, ZeroOptions
 
-__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt"]
+__all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt",
+           "ZeroOptimizer", "ZeroOptions"]

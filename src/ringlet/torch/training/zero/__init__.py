@@ -1,5 +1,8 @@
 """ZeRO: model state sharded over the data-parallel group (stage 1: optimizer state; 2: also gradients;
-3: also parameters), and checkpoints of it. ``layout`` says where every element lives."""
+3: also parameters), and checkpoints of it. ``layout`` says where every element lives; :class:`ZeroOptimizer`
+is the front (``docs/zero.md``)."""
 from .layout import Even, Layout, Partition, WholeParameters
+from .optimizer import ZeroOptimizer
+from .options import ZeroOptions
 
-__all__ = ["Layout", "Partition", "Even", "WholeParameters"]
+__all__ = ["Layout", "Partition", "Even", "WholeParameters", "ZeroOptimizer", "ZeroOptions"]
