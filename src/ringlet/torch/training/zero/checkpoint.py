@@ -171,7 +171,7 @@ def load(path, zero, module: torch.nn.Module | None = None, *, options: SaveOpti
 def _check_module_state(module: torch.nn.Module, saved: dict, path: Path) -> None:
     trainable = _snapshot.trainable_names(module)
     mine = {k: v for k, v in module.state_dict(keep_vars=True).items()
-            if not (isinstance(v, torch.nn.Parameter) and id(v) in trainable)}
+            if not (id(v) in trainable)}
     where = f"checkpoint {str(path)!r}"
     for key, value in mine.items():
         if key not in saved:

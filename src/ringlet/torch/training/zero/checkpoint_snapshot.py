@@ -50,7 +50,7 @@ def module_state(module: torch.nn.Module | None) -> dict | None:
     state, aliases = {}, {}
     full = module.state_dict(keep_vars=True)
     for key, value in full.items():
-        if isinstance(value, torch.nn.Parameter) and id(value) in trainable:
+        if id(value) in trainable:
             if trainable[id(value)] != key:
                 aliases[key] = trainable[id(value)]
             continue
