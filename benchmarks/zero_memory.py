@@ -132,11 +132,12 @@ def theory(arm: str, psi: int, p: int) -> float:
 
 
 def table(rows: list[dict], p: int) -> str:
-    out = ["| arm | Ψ (M) | peak live tensors, max over ranks (MiB) | theory (MiB) | peak / theory | "
-           "RSS high-water rise (MiB) | accounted: params / grads / optimizer / buffers (MiB) |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| arm | Ψ (M) | theory (MiB) | declared bound (MiB) | peak live tensors, max over ranks (MiB) | "
+           "peak / (theory + bound) | peak per rank (MiB) | RSS high-water rise, max (MiB) | "
+           "accounted: params / grads / optimizer / buffers peak (MiB) |",
+           "|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for arm in ARMS:
-        mine = [r for r in rows if r["arm"] == arm]
+        mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["rank"])
         if not mine:
             continue
         psi = mine[0]["params"]
@@ -144,9 +145,11 @@ def table(rows: list[dict], p: int) -> str:
         rss = max(r["rss_bytes"] for r in mine)
         th = theory(arm, psi, p)
         acc = mine[0]["accounted"]
+        bound = acc.get("buffers_bound", 0)
         parts = " / ".join(f"{acc.get(k, 0) / MiB:.0f}" for k in ("parameters", "gradients", "optimizer", "buffers"))
-        out.append(f"| {arm} | {psi / 1e6:.1f} | {peak / MiB:.0f} | {th / MiB:.0f} | {peak / th:.3f} | {rss / MiB:.0f} "
-                   f"| {parts} |")
+        each = ", ".join(f"{r['live_peak'] / MiB:.0f}" for r in mine)
+        out.append(f"| {arm} | {psi / 1e6:.1f} | {th / MiB:.0f} | {bound / MiB:.0f} | {peak / MiB:.0f} | "
+                   f"{peak / (th + bound):.3f} | {each} | {rss / MiB:.0f} | {parts} |")
     return "\n".join(out)
 
 
@@ -170,7 +173,11 @@ def main() -> int:
                sys.executable, os.path.abspath(__file__), "--worker", arm, "--width", str(args.width),
                "--layers", str(args.layers), "--dir", folder]
         subprocess.run(cmd, check=True)
-    rows = [json.load(open(os.path.join(folder, f))) for f in sorted(os.listdir(folder)) if f.endswith(".json")]
+    rows = []
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".json"):
+            with open(os.path.join(folder, f)) as fh:
+                rows.append(json.load(fh))
     text = table(rows, args.np) + "\n"
     if args.out:
         with open(args.out, "w") as fh:

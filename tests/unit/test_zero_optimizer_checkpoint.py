@@ -82,8 +82,10 @@ def test_async_save_continues_bitwise(tmp_path, stage):
     def body(rank):
         net, zero = train_zero(rank, Config(stage=stage, steps=2))
         handle = zckpt.save_async(path, zero, mod(net, stage))
-        ref = steps(rank, net, zero, 2, 3)  # training goes on while the snapshot is written
+        ref = steps(rank, net, zero, 2, 3)  # training goes on; its first step waits for the shard copy
         handle.wait()
+        assert handle.snapshot_seconds > 0 and handle.blocked_seconds >= 0
+        assert not zero._optimizer_step_pre_hooks  # the copy's step hook removed itself
         net2, zero2 = train_zero(rank, Config(stage=stage, steps=0))
         zckpt.load(path, zero2, mod(net2, stage))
         return torch.equal(steps(rank, net2, zero2, 2, 3), ref)

@@ -108,22 +108,45 @@ def save(path, zero, module: torch.nn.Module | None = None, *, extra=None,
 
 def save_async(path, zero, module: torch.nn.Module | None = None, *, extra=None,
                options: SaveOptions | None = None) -> SaveHandle:
-    """Take a snapshot now (copies, on the calling thread, after waiting for this rank's previous
-    asynchronous save and agreeing on a token) and write it on a background thread; return its handle
-    (``stall_seconds``: time on the calling thread). Training may modify the live state at once. The
-    background thread runs no collective. A write error is raised by ``handle.wait()`` or, if not
-    reported there, on every rank by the next save. The checkpoint is complete once every rank's
-    background write finished (:func:`is_complete`, :func:`latest`)."""
+    """Save in the background; return its handle at once. On the calling thread: wait for this rank's
+    previous asynchronous save, agree on a token, and copy what the next forward or an LR scheduler may
+    change (the module's buffers, the param groups' hyperparameters, ``extra``). The shard state (masters,
+    optimizer state), which only ``zero.step()`` changes, is copied by the background thread while
+    training goes on; ``zero``'s next ``step()`` first waits until that copy is taken (a step pre-hook),
+    so the checkpoint holds the state of this step boundary. Do not change the shard state otherwise
+    (``load_state_dict``) before that step. A ``zero`` without ``register_step_pre_hook`` is copied on
+    the calling thread. ``stall_seconds``: time on the calling thread; ``blocked_seconds``: what the
+    next ``step()`` waited for the copy. The background thread runs no collective. A write error is
+    raised by ``handle.wait()`` or, if not reported there, on every rank by the next save. The
+    checkpoint is complete once every rank's background write finished (:func:`is_complete`,
+    :func:`latest`)."""
     t0 = time.perf_counter()
     opts = options or SaveOptions()
     token = _begin(zero, opts)
     path = Path(path)
     handle = SaveHandle(path)
-    snap = _take(handle, zero, module, extra, token)
-    handle.start(lambda: _snapshot.write(snap, path, opts.writer))
+    finish = _snapshot.take_deferred(zero, module, extra, token)
+    if not hasattr(zero, "register_step_pre_hook"):
+        snap = _take_now(handle, finish)
+        handle.start(lambda: _snapshot.write(snap, path, opts.writer))
+    else:
+        hook = zero.register_step_pre_hook(lambda *_: handle.wait_snapshot())
+        handle.start(lambda: _snapshot.write(_take_now(handle, finish, hook), path, opts.writer))
     set_pending(zero, handle)
     handle.stall_seconds = time.perf_counter() - t0
     return handle
+
+
+def _take_now(handle: SaveHandle, finish, hook=None) -> _snapshot.Snapshot:
+    """Run the deferred copy, record its time and tell a waiting ``step()`` (removing its hook)."""
+    t0 = time.perf_counter()
+    try:
+        return finish()
+    finally:
+        handle.snapshot_seconds = time.perf_counter() - t0
+        handle.snapshot_taken()
+        if hook is not None:
+            hook.remove()
 
 
 def is_complete(path) -> bool:

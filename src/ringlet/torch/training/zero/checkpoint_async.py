@@ -62,20 +62,35 @@ class WorldAgreement(Agreement):
 
 class SaveHandle:
     """One save of one rank. ``stall_seconds``: the time the save took on the calling thread (the whole
-    synchronous save; for an asynchronous one waiting for the previous save, agreeing and taking the
-    snapshot); ``snapshot_seconds``: the copy alone; ``write_seconds`` / ``bytes_written``: this rank's
-    writing, once done."""
+    synchronous save; for an asynchronous one waiting for the previous save, agreeing and copying what
+    the next forward may change); ``blocked_seconds``: how long training's next ``step()`` waited for an
+    asynchronous save's copy of the shard state; ``snapshot_seconds``: the shard state's copy alone;
+    ``write_seconds`` / ``bytes_written``: this rank's writing, once done."""
 
     def __init__(self, path: Path):
         self.path = path
         self.stall_seconds = 0.0
+        self.blocked_seconds = 0.0
         self.snapshot_seconds = 0.0
+        self._snapshot = threading.Event()
         self.write_seconds = 0.0
         self.bytes_written = 0
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._reported = False
         self._thread: threading.Thread | None = None
+
+    def snapshot_taken(self) -> None:
+        """The shard state is copied: the live state may change from now on."""
+        self._snapshot.set()
+
+    def wait_snapshot(self) -> None:
+        """Block until the shard state is copied (or the save ended); add the wait to ``blocked_seconds``."""
+        t0 = time.perf_counter()
+        while not self._snapshot.wait(0.05):
+            if self._done.is_set():
+                break
+        self.blocked_seconds += time.perf_counter() - t0
 
     def done(self) -> bool:
         """True once this rank's files are written (or the write failed)."""

@@ -13,6 +13,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -63,12 +64,30 @@ def module_state(module: torch.nn.Module | None) -> dict | None:
 def take(zero, module: torch.nn.Module | None, extra, token: str) -> Snapshot:
     """Copy this rank's state now (on the calling thread): ``zero.shard_state()`` and, on shard rank 0,
     the param groups, the optimizer's extra, ``extra`` (deep-copied) and :func:`module_state`."""
-    shard = zero.shard_state()
-    common = None
+    return take_deferred(zero, module, extra, token)()
+
+
+def take_deferred(zero, module: torch.nn.Module | None, extra, token: str) -> Callable[[], Snapshot]:
+    """Copy now what the next forward or a scheduler may change — on shard rank 0 the param groups'
+    hyperparameters, ``extra`` and :func:`module_state` (buffers) — and return a function that copies the
+    shard state (masters and optimizer state, which only the optimizer's ``step`` changes) when called,
+    on any thread, before that ``step``."""
+    early = None
     if zero.shard_rank == 0:
-        common = {"groups": copy.deepcopy(shard.groups), "zero_extra": copy.deepcopy(shard.extra),
-                  "extra": copy.deepcopy(extra), "module": module_state(module)}
-    return Snapshot(token, zero.shard_rank, zero.world, zero.stage, time.time(), shard, common)
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                  for g in getattr(zero, "param_groups", None) or []]
+        early = {"groups": groups, "extra": copy.deepcopy(extra), "module": module_state(module)}
+    rank, world, stage, created = zero.shard_rank, zero.world, zero.stage, time.time()
+
+    def finish() -> Snapshot:
+        shard = zero.shard_state()
+        common = None
+        if early is not None:
+            common = {"groups": early["groups"] if early["groups"] else copy.deepcopy(shard.groups),
+                      "zero_extra": copy.deepcopy(shard.extra), "extra": early["extra"], "module": early["module"]}
+        return Snapshot(token, rank, world, stage, created, shard, common)
+
+    return finish
 
 
 def _data(snap: Snapshot) -> dict:
