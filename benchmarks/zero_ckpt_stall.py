@@ -6,9 +6,8 @@ state, in one job (issue 19's target: the asynchronous stall ≤ 1/20 of the syn
 The model is an MLP of ``--layers`` square ``Linear(--width, --width)`` layers (default 6 × 4096: 100.7 M
 parameters, fp32), trained with ``ZeroOptimizer(torch.optim.Adam, model, stage=--stage)``. Rounds alternate
 a synchronous save (``checkpoint.save``) and an asynchronous one (``checkpoint.save_async``;
-``--steps-during``
-training steps run while it writes, the same number on every rank, then it is waited for), each after a
-training step. The stall is the time the save held the calling thread (``SaveHandle.stall_seconds``)
+``--steps-during`` training steps run while it writes, the same number on every rank, then it is waited
+for), each after a training step. The stall is the time the save held the calling thread (``SaveHandle.stall_seconds``)
 plus, for the asynchronous save, the time the next ``step()`` waited for its background copy of the shard
 state (``blocked_seconds``), the slowest rank's; the report gives the medians and their ratio, and the
 background write time.
