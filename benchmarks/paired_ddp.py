@@ -33,6 +33,11 @@ optimizer passed to ``overlap_optimizer`` (the averages overlap the next forward
 SGD (keyword arguments for it), with ``hvd.init()`` done once for the job — its coordinator is then also
 what ringlet's DDP arms go through.
 
+``zero[:stage=S,NAME=VALUE,...]`` is ``ringlet.torch.ZeroOptimizer`` on the plain model (stage 1-3; the
+other options go to ``ZeroOptions``); ``torchzero`` is torch's DDP with ``ZeroRedundancyOptimizer``;
+``fsdp`` is torch's ``fully_shard`` on every child module and the root. ``--optimizer adam`` gives every
+arm Adam instead of SGD (optimizer state for the sharding arms to shard).
+
 ``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
 one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
 paused), so ``ringlet report`` gives that arm's hidden communication in the same run as its step-time
@@ -96,7 +101,8 @@ def parse_arm(spec: str) -> tuple[str, dict]:
     kind, _, opts = spec.partition(":")
     if kind == "ringlet" and (opts == "priority" or opts.startswith(("priority:", "priority,"))):
         return kind, _priority_options(opts[len("priority") + 1:])
-    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd", "diloco"):
+    if kind not in ("torch", "ringlet", "ringlet-copy", "local", "hvd", "localsgd", "diloco", "zero", "torchzero",
+                    "fsdp"):
         raise SystemExit(f"unknown arm {spec!r}: torch[:k=v,...], ringlet[:k=v,...], ringlet-copy[:k=v,...], "
                          "hvd[:k=v,...] or local")
     return kind, {k: _value(v) for k, v in (o.split("=", 1) for o in opts.split(",") if o)}
@@ -171,6 +177,8 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("arms", nargs="+")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="every arm's optimizer: SGD (lr 0.01) or Adam (lr 1e-3)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
@@ -187,15 +195,45 @@ def _parse_args() -> argparse.Namespace:
     return args
 
 
-def build_arm(spec: str, model_name: str):
+OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.01}), "adam": (torch.optim.Adam, {"lr": 1e-3})}
+
+
+def _sharded_arm(kind: str, model, opts: dict, opt_name: str):
+    """``(wrapped, optimizer)`` of a ``zero[:stage=S,NAME=VALUE...]`` arm (``ringlet.torch.ZeroOptimizer``;
+    the other options go to ``ZeroOptions``), ``torchzero`` (torch's DDP with ``ZeroRedundancyOptimizer``)
+    or ``fsdp`` (torch's ``fully_shard`` on every child module and the root)."""
+    cls, hyper = OPTIMIZERS[opt_name]
+    if kind == "zero":
+        from ringlet.torch.training.zero import ZeroOptions
+
+        stage = int(opts.pop("stage", 1))
+        return model, ringlet.torch.ZeroOptimizer(cls, model, stage=stage, options=ZeroOptions(**opts), **hyper)
+    if kind == "torchzero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
+        return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=cls, **hyper)
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model, cls(model.parameters(), **hyper)
+
+
+def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
     """``(spec, wrapped model, optimizer)`` of one arm, its model seeded like every other arm's."""
     kind, opts = parse_arm(spec)
     torch.manual_seed(0)
     model = MODELS[model_name]()
     private = {k: v for k, v in opts.items() if k.startswith("_")}  # knobs set after construction
     opts = {k: v for k, v in opts.items() if not k.startswith("_")}
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    if kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
+    cls, hyper = OPTIMIZERS[opt_name]
+    optimizer = cls(model.parameters(), **hyper)
+    if kind in ("zero", "torchzero", "fsdp"):
+        wrapped, optimizer = _sharded_arm(kind, model, opts, opt_name)
+    elif kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
         wrapped = model
         if kind == "hvd":
             optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -280,7 +318,10 @@ def _check_agreement(arms, rank: int) -> None:
             opt.finish()
         if hasattr(model, "synchronize"):
             model.synchronize()  # overlap_optimizer: the last update lands
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        gathered = opt.gathered() if getattr(opt, "stage", 0) == 3 else contextlib.nullcontext()
+        with gathered:  # ZeRO stage 3 holds shards: every rank gathers together
+            flat = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1).clone()
+                              for p in model.parameters()])  # fsdp: DTensors, gathered by every rank
         ref = flat.clone()
         dist.broadcast(ref, 0)
         if not torch.equal(flat, ref):
@@ -333,7 +374,7 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
-    arms = [build_arm(spec, args.model) for spec in args.arms]
+    arms = [build_arm(spec, args.model, args.optimizer) for spec in args.arms]
 
     def step(model, opt) -> None:
         opt.zero_grad()
