@@ -1,4 +1,4 @@
-"""ZeroOptimizer stages 1 and 2 with real processes (2, 3 and 4 ranks, Gloo and shared memory): the
+"""ZeroOptimizer stages 1-3 with real processes (2, 3 and 4 ranks, Gloo and shared memory): the
 parameters of plain training on the concatenated batch and of ringlet's DDP (1e-6), an LR scheduler, a
 parameter without gradient, a non-elementwise optimizer on whole parameters, uneven shards, a bfloat16
 model, the loss scaler's agreed skip, and checkpoint round trips. The cases live in ``zero_worker.py``."""

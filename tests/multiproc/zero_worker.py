@@ -17,7 +17,7 @@ The models, data and loops are those of tests/unit/zero_cases.py. Cases, in orde
   step and halves its scale, though only the owner of that element saw the inf;
 * ``checkpoint``: ``shard_state`` then ``load_shard_state`` into fresh objects continues bitwise as the
   uninterrupted run; the rank's own ``state_dict`` likewise;
-* ``stage3``: stage 3 against the plain run (1e-6), when ``zero.stage3`` is present (else recorded as skipped).
+* ``stage3``: stage 3 × Adam and SGD with momentum × one or two backwards per step against the plain run (1e-6).
 """
 from __future__ import annotations
 
@@ -180,11 +180,6 @@ def case_checkpoint(rank, world):
 
 def case_stage3(rank, world):
     def run(numbers):
-        try:
-            import ringlet.torch.training.zero.stage3  # noqa: F401
-        except ImportError:
-            numbers["stage3"] = "skipped: zero.stage3 absent"
-            return
         for opt in ("adam", "sgd"):
             for micro in (1, 2):
                 cfg = Config(stage=3, opt=opt, micro=micro)

@@ -8,7 +8,7 @@ from ringlet.torch.training.zero import ZeroOptimizer, ZeroOptions
 from ringlet.torch.training.zero.state import CheckpointMismatch
 
 from conftest import run_world
-from zero_cases import Config, batch, flat_params, make_model, need_stage, snapshot, train_zero
+from zero_cases import Config, batch, flat_params, make_model, snapshot, train_zero
 
 
 def stitch(states):
@@ -48,7 +48,6 @@ def continue_training(rank, zero, net, cfg, first, steps):
 @pytest.mark.parametrize("opt", ["adam", "sgd"])
 @pytest.mark.parametrize("worlds", [(2, 2), (2, 3), (4, 2), (3, 1)])
 def test_shard_state_round_trip_any_world(stage, opt, worlds):
-    need_stage(stage)
     before, after = worlds
     cfg = Config(stage=stage, opt=opt, steps=3, bucket_bytes=128)
 
@@ -76,7 +75,6 @@ def test_shard_state_round_trip_any_world(stage, opt, worlds):
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("stages", [(1, 2), (2, 3), (3, 1)])
 def test_resharded_state_is_elementwise_equal(world, stages):
-    need_stage(max(stages))
     cfg = Config(stage=stages[0], opt="adam", steps=2, bucket_bytes=128)
     out = run_world(2, lambda rank: (lambda nz: (nz[1].shard_state(), snapshot(*nz)))(train_zero(rank, cfg)))
     fetch = stitch([o[0] for o in out])
@@ -114,7 +112,6 @@ def test_load_before_any_step_creates_state_and_mismatch_names_parameter():
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_own_state_dict_round_trip(stage):
-    need_stage(stage)
     cfg = Config(stage=stage, steps=3)
 
     def body(rank):

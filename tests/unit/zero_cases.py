@@ -151,14 +151,6 @@ def snapshot(net: torch.nn.Module, zero: ZeroOptimizer) -> torch.Tensor:
         return flat_params(net)
 
 
-def need_stage(stage: int) -> None:
-    """Skip the calling test for stage 3 when ``zero.stage3`` is not there."""
-    if stage == 3:
-        import pytest
-
-        pytest.importorskip("ringlet.torch.training.zero.stage3")
-
-
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
