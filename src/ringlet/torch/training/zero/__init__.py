@@ -4,5 +4,9 @@ is the front (``docs/zero.md``)."""
 from .layout import Even, Layout, Partition, WholeParameters
 from .optimizer import ZeroOptimizer
 from .options import ZeroOptions
+from .reduce import Reducer
+from .reduce_compressed import CompressedReducer
+from .reduce_hierarchical import HierarchicalReducer
 
-__all__ = ["Layout", "Partition", "Even", "WholeParameters", "ZeroOptimizer", "ZeroOptions"]
+__all__ = ["Layout", "Partition", "Even", "WholeParameters", "ZeroOptimizer", "ZeroOptions", "Reducer",
+           "CompressedReducer", "HierarchicalReducer"]
