@@ -86,3 +86,32 @@ def test_flat_ops_refuse_bad_buffers():
             comm.allgather_flat_(torch.zeros(4), [1, 2], "x")
 
     run_world(2, body)
+
+
+def test_the_allgather_follows_the_installed_cost_model():
+    """``"auto"`` (what ZeRO's Reducer asks for) is the ring without a model; with one, the schedule of least
+    predicted time, never direct beyond the model's fan-out; a forced name stays as asked."""
+    from ringlet.tuning import select
+    from ringlet.tuning.network import Network
+
+    slow_steps = select.Model(Network.of(link="100gbit", latency="5ms"), max_fanout=8)  # steps dominate
+    assert select.allgather_choice("auto", (100,) * 4, 4, (0, 1, 2, 3), None) == "ring"
+    assert select.allgather_choice("auto", (100,) * 4, 4, (0, 1, 2, 3), slow_steps) == "direct"
+    assert select.allgather_choice("auto", (100,) * 4, 4, (0, 1, 2, 3), select.Model(slow_steps.network)) == "ring"
+    assert select.allgather_choice("ring", (100,) * 4, 4, (0, 1, 2, 3), slow_steps) == "ring"
+    with pytest.raises(ValueError, match="unknown all-gather"):
+        select.allgather_choice("bogus", (1, 1), 4, (0, 1), None)
+
+    def body(rank):  # the engine runs the model's choice, and the result is the same
+        flat = torch.zeros(12)
+        flat[rank * 4:(rank + 1) * 4] = rank + 1
+        Comm().allgather_flat_(flat, [4, 4, 4], "x", algorithm="auto").wait()
+        return flat
+
+    previous = select.install(slow_steps)  # process-wide: once for every rank thread
+    try:
+        outs = run_world(3, body)
+    finally:
+        select.install(previous)
+    for out in outs:
+        assert torch.equal(out, torch.tensor([1.0] * 4 + [2.0] * 4 + [3.0] * 4))

@@ -125,9 +125,12 @@ def reduce_scatter_rows(ch: Channel, work: torch.Tensor, red: Reduction, pre: fl
 # ---- all-gather -------------------------------------------------------------------------------------
 def allgather_(ch: Channel, flat: torch.Tensor, counts: Sequence[int], algorithm: str = "ring") -> None:
     """Fill ``flat`` with every member's block in rank order; this rank's block (``counts[rank]``
-    elements after the lower ranks' blocks) must already hold its data. ``algorithm``: ring or direct."""
+    elements after the lower ranks' blocks) must already hold its data. ``algorithm``: ring, direct or
+    ``"auto"`` (the installed cost model's choice: :func:`ringlet.tuning.select.allgather_choice`)."""
     if ch.size > 1 and sum(counts) > 0:
-        ch.run(_ALLGATHER[select.allgather(algorithm)](ch.size, tuple(counts)), (flat,))
+        name = select.allgather_choice(algorithm, tuple(counts), flat.element_size(), tuple(ch.group.host_of),
+                                       select.installed())
+        ch.run(_ALLGATHER[name](ch.size, tuple(counts)), (flat,))
 
 
 def allgather_rows(ch: Channel, t: torch.Tensor, dim0s: Sequence[int], algorithm: str = "ring") -> torch.Tensor:

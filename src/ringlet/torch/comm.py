@@ -193,7 +193,7 @@ class Comm:
         """Fill the contiguous 1-D ``flat`` with every member's block in group-rank order (this member's
         block, ``counts[i]`` elements after the lower members', must hold its data); the value is
         ``flat``. Core queue, ``check`` and errors as :meth:`reduce_scatter_flat_`; ``algorithm``:
-        ``"ring"`` or ``"direct"``."""
+        ``"ring"``, ``"direct"`` or ``"auto"`` (the installed cost model's choice, else the ring)."""
         self._check_flat(flat, counts)
 
         def job():

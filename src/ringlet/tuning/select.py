@@ -2,7 +2,8 @@
 
 Front ends pass what the caller asked for (a name, or ``"auto"``); :func:`requested` applies the
 process-wide override (``RINGLET_ALGORITHM``) and validates names; :func:`allreduce_choice` (and its
-name-only form :func:`allreduce`) and :func:`allgather` turn a request into what runs. Choices depend
+name-only form :func:`allreduce`), :func:`allgather` and :func:`allgather_choice` turn a request into what
+runs. Choices depend
 only on arguments that are identical on every member (group size, host layout, byte count, the
 transport's capabilities, and the cost :class:`Model` when one is installed, which every rank builds
 from the same constants), so every member picks the same algorithm without communicating.
@@ -19,12 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algorithms import ALIASES, ALLREDUCE, NATIVE, allreduce_names
+from ..algorithms import direct as _direct
+from ..algorithms import ring as _ring
 from .model import AUTO, Choice, Model
 
 __all__ = ["AUTO", "Capabilities", "Choice", "Model", "requested", "schedule_rule", "allreduce", "allreduce_choice",
-           "allgather", "install", "installed"]
+           "allgather", "allgather_choice", "install", "installed"]
 
 ALLGATHER_ALGORITHMS = ("ring", "direct")
+ALLGATHER_BUILDERS = {"ring": _ring.allgather, "direct": _direct.allgather}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,4 +129,39 @@ def allgather(name: str | None) -> str:
         return "ring"
     if name not in ALLGATHER_ALGORITHMS:
         raise ValueError(f"unknown all-gather algorithm {name!r}; choose from {sorted(ALLGATHER_ALGORITHMS)}")
+    return name
+
+
+def allgather_choice(name: str | None, counts: tuple[int, ...], itemsize: int, host_of: tuple[int, ...],
+                     model: Model | None = None) -> str:
+    """The all-gather algorithm that runs for request ``name`` over blocks of ``counts`` elements of
+    ``itemsize`` bytes on a group laid out as ``host_of``: a forced name as :func:`allgather` says;
+    ``"auto"`` the one of least predicted time under ``model`` (ring or direct, from their schedules;
+    direct only where a rank's p-1 sends stay within the model's ``max_fanout``, as for all-reduce), or
+    ``"ring"`` without a model. ``ValueError`` for an unknown name."""
+    if (name or "ring").strip().lower() != AUTO or model is None or len(counts) < 2:
+        return allgather(name)
+    if len(counts) - 1 > model.max_fanout:
+        return "ring"
+    return _fastest_allgather(tuple(counts), int(itemsize), tuple(host_of), model.network)
+
+
+_AG_CACHE: dict[tuple, tuple[object, str]] = {}  # (counts, itemsize, host_of, id(network)) -> (network, name)
+
+
+def _fastest_allgather(counts: tuple[int, ...], itemsize: int, host_of: tuple[int, ...], network) -> str:
+    key = (counts, itemsize, host_of, id(network))
+    hit = _AG_CACHE.get(key)
+    if hit is not None and hit[0] is network:
+        return hit[1]
+    from .cost import predict
+    from .network import Topology
+
+    topology = Topology(host_of)
+    times = {name: predict(build(len(counts), counts), topology, network, itemsize=itemsize).seconds
+             for name, build in ALLGATHER_BUILDERS.items()}
+    name = min(ALLGATHER_ALGORITHMS, key=lambda n: (times[n], n))
+    if len(_AG_CACHE) >= 256:
+        _AG_CACHE.pop(next(iter(_AG_CACHE)))
+    _AG_CACHE[key] = (network, name)
     return name

@@ -46,7 +46,7 @@ class Reducer:
         return self.comm.reduce_scatter_flat_(flat, counts, ReduceOp.AVG, name, check=check)
 
     def allgather_(self, flat: torch.Tensor, counts: Sequence[int], name: str, *, check: bool = False) -> CommFuture:
-        return self.comm.allgather_flat_(flat, counts, name, check=check)
+        return self.comm.allgather_flat_(flat, counts, name, check=check, algorithm="auto")
 
 
 def _my_rank() -> int:
