@@ -6,6 +6,9 @@
 ``DIR/step-5`` while three more steps run, then a synchronous save of ``DIR/ref-8``;
 ``resume``: a fresh model sharded over this job's ranks loads ``DIR/step-5`` and runs the same three steps
 from the step it records, then saves ``DIR/resumed-8`` (the test compares it with ``ref-8``);
+``real_first`` / ``real_resume`` (extra arguments: the stage): the same with ``ringlet.torch.ZeroOptimizer``
+(Adam) on a small MLP, each step's global batch of 12 rows split evenly over the ranks, so runs on any
+world size average the same gradients (the test compares within 1e-6: summation orders differ);
 ``kill``: a synchronous save of ``DIR/good``, then an asynchronous save of ``DIR/bad`` through a slow
 writer, and rank 1 kills itself with SIGKILL while its data file is being written.
 ``first`` and ``resume`` write ``OUT.rank<r>`` (case_harness summary); ``kill`` leaves only its files.
@@ -79,6 +82,50 @@ def resume(rank: int, world: int, folder: str):
     return run
 
 
+ROWS = 12  # divisible by 1, 2, 3, 4 and 6: every world size averages the same global batch
+
+
+def _real(stage: int):
+    from ringlet.torch.training.zero import ZeroOptimizer
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5))
+    return net, ZeroOptimizer(torch.optim.Adam, net, stage=stage, lr=0.01)
+
+
+def _real_step(net, zero, step: int, rank: int, world: int) -> None:
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(ROWS, 7, generator=g), torch.randn(ROWS, 5, generator=g)
+    part = slice(rank * ROWS // world, (rank + 1) * ROWS // world)
+    torch.nn.functional.mse_loss(net(x[part]), y[part]).backward()
+    zero.step()
+    zero.zero_grad()
+
+
+def real_first(rank: int, world: int, folder: str, stage: int):
+    def run(numbers):
+        net, zero = _real(stage)
+        for step in range(5):
+            _real_step(net, zero, step, rank, world)
+        handle = zckpt.save_async(f"{folder}/step-5", zero, net, extra={"step": 5})
+        for step in (5, 6, 7):
+            _real_step(net, zero, step, rank, world)
+        handle.wait()
+        zckpt.save(f"{folder}/ref-8", zero, net, extra={"step": 8})
+    return run
+
+
+def real_resume(rank: int, world: int, folder: str, stage: int):
+    def run(numbers):
+        net, zero = _real(stage)
+        extra = zckpt.load(f"{folder}/step-5", zero, net)
+        check(extra == {"step": 5}, f"extra {extra}")
+        for step in range(extra["step"], 8):
+            _real_step(net, zero, step, rank, world)
+        zckpt.save(f"{folder}/resumed-8", zero, net, extra={"step": 8})
+    return run
+
+
 def kill(rank: int, world: int, folder: str):
     def run(numbers):
         net, zero = sharded(world, rank)
@@ -97,7 +144,11 @@ def main() -> int:
     torch.set_num_threads(1)
     ringlet.init()
     rank, world = ringlet.rank(), ringlet.size()
-    make = {"first": first, "resume": resume, "kill": kill}[action]
+    make = {"first": first, "resume": resume, "kill": kill}.get(action)
+    if make is None:  # real_first / real_resume STAGE
+        stage = int(sys.argv[4])
+        make = {"real_first": real_first, "real_resume": real_resume}[action]
+        make = (lambda fn: lambda r, w, f: fn(r, w, f, stage))(make)
     if action == "kill":
         make(rank, world, folder)({})
         os._exit(0)  # the peer is dead: no shutdown handshake
