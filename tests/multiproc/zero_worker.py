@@ -29,11 +29,10 @@ import torch.nn.functional as F
 from case_harness import check, identical_across_ranks, worker_main
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from zero_cases import (OPTIMIZERS, Config, batch, flat_params, make_model, max_diff, poison,  # noqa: E402
-                        train_plain, train_zero)
+from zero_cases import (OPTIMIZERS, Config, batch, flat_params, make_model, max_diff,  # noqa: E402
+                        scaler_run, train_plain, train_zero)
 
-from ringlet.torch.training import DistributedDataParallel, GradScaler  # noqa: E402
-from ringlet.torch.training.zero import ZeroOptimizer, ZeroOptions  # noqa: E402
+from ringlet.torch.training import DistributedDataParallel  # noqa: E402
 
 TOL = 1e-6
 
@@ -115,23 +114,10 @@ def case_bf16(rank, world):
 def case_scaler(rank, world):
     def run(numbers):
         for stage in (1, 2):
-            net = make_model()
-            zero = ZeroOptimizer(torch.optim.Adam, net, stage=stage, options=ZeroOptions(bucket_bytes=256), lr=0.01)
-            scaler = GradScaler(init_scale=2.0**10)
-            skipped = []
-            for s in range(4):
-                handles = poison(net, rank, who=world - 1) if s == 2 else []
-                before = flat_params(net)
-                x, y = batch(rank, s)
-                scaler.scale(F.mse_loss(net(x), y)).backward()
-                scaler.step(zero)
-                scaler.update()
-                zero.zero_grad()
-                for h in handles:
-                    h.remove()
-                skipped.append(torch.equal(before, flat_params(net)))
+            net, out = scaler_run(rank, stage, poisoned_by=world - 1)
+            skipped, scale = [o[0] for o in out], out[-1][1]
             check(skipped == [False, False, True, False], f"stage {stage}: skipped {skipped}")
-            check(scaler.get_scale() == 512.0, f"stage {stage}: scale {scaler.get_scale()}")
+            check(scale == 512.0, f"stage {stage}: scale {scale}")
             check(identical_across_ranks([flat_params(net)]), f"stage {stage}: ranks disagree")
     return run
 

@@ -8,7 +8,8 @@ from ringlet.torch.training import GradScaler
 from ringlet.torch.training.zero import Even, WholeParameters, ZeroOptimizer, ZeroOptions
 
 from conftest import run_world
-from zero_cases import Config, NormSGD, snapshot, batch, flat_params, make_model, max_diff, poison, train_plain, train_zero
+from zero_cases import (Config, NormSGD, batch, flat_params, make_model, max_diff, scaler_run, snapshot,
+                        train_plain, train_zero)
 
 TOL = 1e-6
 
@@ -90,24 +91,7 @@ def test_bfloat16_model_keeps_float32_masters(stage, reduce_dtype):
 @pytest.mark.parametrize("stage", [1, 2])
 def test_grad_scaler_skips_on_every_rank(stage):
     def body(rank):
-        net = make_model()
-        zero = ZeroOptimizer(torch.optim.Adam, net, stage=stage, options=ZeroOptions(bucket_bytes=256), lr=0.01)
-        scaler = GradScaler(init_scale=2.0**10)
-        handles = []
-        out = []
-        for s in range(4):
-            if s == 2:
-                handles = poison(net, rank, who=1)
-            before = flat_params(net)
-            x, y = batch(rank, s)
-            scaler.scale(F.mse_loss(net(x), y)).backward()
-            scaler.step(zero)
-            scaler.update()
-            zero.zero_grad()
-            for h in handles:
-                h.remove()
-            handles = []
-            out.append((torch.equal(before, flat_params(net)), scaler.get_scale()))
+        net, out = scaler_run(rank, stage, poisoned_by=1)
         return flat_params(net), out
 
     results = run_world(3, body)

@@ -164,3 +164,26 @@ def poison(net: torch.nn.Module, rank: int, who: int) -> list:
         g[3, 5] = float("inf")
         return g
     return [net.fc2.weight.register_hook(hook)]
+
+
+def scaler_run(rank: int, stage: int, poisoned_by: int, steps: int = 4):
+    """ringlet's GradScaler over a ZeroOptimizer (Adam, small buckets): rank ``poisoned_by``'s gradients
+    are made infinite at step 2. Returns the model, and per step (was the step skipped, the scale after)."""
+    from ringlet.torch.training import GradScaler
+
+    net = make_model()
+    zero = ZeroOptimizer(torch.optim.Adam, net, stage=stage, options=ZeroOptions(bucket_bytes=256), lr=0.01)
+    scaler = GradScaler(init_scale=2.0**10)
+    out = []
+    for s in range(steps):
+        handles = poison(net, rank, who=poisoned_by) if s == 2 else []
+        before = flat_params(net)
+        x, y = batch(rank, s)
+        scaler.scale(F.mse_loss(net(x), y)).backward()
+        scaler.step(zero)
+        scaler.update()
+        zero.zero_grad()
+        for h in handles:
+            h.remove()
+        out.append((torch.equal(before, flat_params(net)), scaler.get_scale()))
+    return net, out
