@@ -117,7 +117,15 @@ class MismatchError(RingletError):
 
 
 class PeerError(RingletError):
-    """A peer died, closed its connection or the transport failed."""
+    """A peer died, fell silent, closed its connection or the transport failed.
+
+    ``rank`` and ``host``: the peer that caused it, when known (a silent or dead peer named by the
+    liveness monitor); None otherwise."""
+
+    def __init__(self, *args, rank: int | None = None, host: str | None = None):
+        super().__init__(*args)
+        self.rank = rank
+        self.host = host
 
 
 class CollectiveTimeout(RingletError, TimeoutError):

@@ -126,6 +126,8 @@ class Mailbox:
                 raise CollectiveTimeout(f"rank {self.me}: timed out after {timeout:.1f}s in a small all-gather "
                                         f"(round {seq}), waiting for ranks {pending}")
             with tr._lock:
+                if tr.aborted is not None:
+                    raise tr.aborted_error()
                 if tr._closed:
                     raise PeerError(f"rank {self.me}: the shm transport was closed during a small all-gather")
                 tr._sleepers += 1

@@ -131,8 +131,25 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle: ...
 
+    # Set by :meth:`abort`: the error every pending and later operation fails with.
+    aborted: Exception | None = None
+
     def close(self) -> None:
         return None
+
+    def abort(self, error: Exception) -> None:
+        """Make every pending and later operation fail with ``error`` (a silent peer was found; ``error``
+        names it). Transports that can interrupt a blocked wait override this; by default only later
+        operations fail."""
+        if self.aborted is None:
+            self.aborted = error
+
+    def aborted_error(self) -> Exception:
+        """A fresh copy of the abort error (each raise gets its own traceback)."""
+        err = self.aborted
+        copy = type(err)(*err.args)
+        copy.__dict__.update(err.__dict__)
+        return copy
 
     @property
     def wire(self) -> WireCounter:
@@ -161,6 +178,8 @@ class PostingTransport(Transport):
         return self._posted(buf, peer, tag, "receive")
 
     def _posted(self, buf: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        if self.aborted is not None:
+            raise self.aborted_error()
         self._check_open()
         (self.wire.sent if what == "send" else self.wire.received)(nbytes(buf))
         return self._post(buf, peer, tag, what)

@@ -214,6 +214,8 @@ class ShmTransport(Progress, Transport):
 
     # ---- posting ------------------------------------------------------------------------------
     def _check(self, buf: torch.Tensor, peer: int) -> None:
+        if self.aborted is not None:
+            raise self.aborted_error()
         if self._closed:
             raise PeerError(f"rank {self.rank}: the shm transport is closed")
         if not 0 <= peer < self.size:
@@ -395,7 +397,11 @@ class ShmTransport(Progress, Transport):
             self._wanted = want
 
     def _check_peers(self, h: _Op) -> None:
-        """Fail ``h`` if its peer is gone or any peer crashed (exited without closing)."""
+        """Fail ``h`` if its peer is gone or any peer crashed (exited without closing), or the transport
+        was aborted."""
+        if self.aborted is not None:
+            h.error = self.aborted_error()
+            return
         if self._closed:
             h.error = PeerError(f"rank {self.rank}: the shm transport was closed while {h.describe()}")
             return
@@ -417,6 +423,14 @@ class ShmTransport(Progress, Transport):
             h.error = PeerError(f"rank {self.rank}: rank {crashed[0]} died (while {h.describe()})")
 
     # ---- shutdown -----------------------------------------------------------------------------
+    def abort(self, error: PeerError) -> None:
+        """Fail every pending and later operation with ``error`` (a silent peer was found): blocked
+        waits notice it at their next liveness check."""
+        with self._lock:
+            if self.aborted is None:
+                self.aborted = error
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Mark this rank closed (peers waiting on it get PeerError), fail pending operations, unmap."""
         with self._lock:

@@ -22,6 +22,7 @@ import os
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
+from ._sockets import SocketSet
 from .base import Handle, PostingTransport, nbytes
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,16 @@ def _is_timeout(exc: BaseException) -> bool:
     return "timed out" in msg or ("timeout" in msg and "pair closure" not in msg)
 
 
+# Sockets of the Gloo groups this process made (see ``_sockets``): shut down by ``TorchTransport.abort``.
+gloo_sockets = SocketSet()
+
+
 def _translate(exc: BaseException, rank: int, what: str, peer: int | None, tag: int | None,
-               timeout: float | None) -> Exception:
-    """Map a torch.distributed error to ringlet's: a timeout or a dead/closed peer."""
+               timeout: float | None, aborted: PeerError | None = None) -> Exception:
+    """Map a torch.distributed error to ringlet's: a timeout or a dead/closed peer (``aborted``: the
+    error the transport was aborted with, which names the peer that caused it)."""
+    if aborted is not None:
+        return PeerError(str(aborted), rank=getattr(aborted, "rank", None), host=getattr(aborted, "host", None))
     where = f"rank {rank}: {what}"
     if peer is not None:
         where += f" with peer rank {peer}"
@@ -61,9 +69,11 @@ def _translate(exc: BaseException, rank: int, what: str, peer: int | None, tag: 
 class TorchHandle(Handle):
     """A pending ``dist.isend``/``dist.irecv`` (or async all-reduce)."""
 
-    __slots__ = ("work", "rank", "peer", "tag", "what", "buf")
+    __slots__ = ("work", "rank", "peer", "tag", "what", "buf", "owner")
 
-    def __init__(self, work, rank: int, peer: int | None, tag: int | None, what: str, buf: torch.Tensor):
+    def __init__(self, work, rank: int, peer: int | None, tag: int | None, what: str, buf: torch.Tensor,
+                 owner: "TorchTransport | None" = None):
+        self.owner = owner
         self.work = work
         self.rank = rank
         self.peer = peer
@@ -79,7 +89,8 @@ class TorchHandle(Handle):
                 # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
                 self.work.wait(timeout=datetime.timedelta(seconds=max(timeout, 1e-3)))
         except Exception as exc:  # noqa: BLE001 - translated to ringlet's error types
-            raise _translate(exc, self.rank, self.what, self.peer, self.tag, timeout) from exc
+            aborted = self.owner.aborted if self.owner is not None else None
+            raise _translate(exc, self.rank, self.what, self.peer, self.tag, timeout, aborted) from exc
 
     def done(self) -> bool:
         return self.work.is_completed()
@@ -104,8 +115,21 @@ def init_default_group(timeout: float, join=None) -> None:
     else:
         store, rank, world = next(dist.rendezvous("env://"))
         store = dist.PrefixStore(f"ringlet/{_generation}", store)
-    dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
+    gloo_sockets.before()
+    try:
+        dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+    finally:
+        gloo_sockets.after()
+
+
+def _new_group(*args, **kwargs):
+    """``dist.new_group``, with the sockets it opens recorded in :data:`gloo_sockets`."""
+    gloo_sockets.before()
+    try:
+        return _dist().new_group(*args, **kwargs)
+    finally:
+        gloo_sockets.after()
 
 
 def destroy_default_group() -> None:
@@ -131,6 +155,7 @@ class TorchTransport(PostingTransport):
         self.size = dist.get_world_size()
         self._owns_group = owns_group
         self._closed = False
+        self.aborted: PeerError | None = None
         # group ranks tuple -> process group (None means the default group); CPU and CUDA flavours.
         world = self._world = tuple(range(self.size))
         self._cpu_groups: dict[tuple[int, ...], object] = {world: None}
@@ -146,13 +171,13 @@ class TorchTransport(PostingTransport):
             if "nccl" in backend:
                 self._cuda_groups[world] = None
             else:
-                pg = dist.new_group(backend="nccl")
+                pg = _new_group(backend="nccl")
                 self._created.append(pg)
                 self._cuda_groups[world] = pg
         if own_world or not any(b in backend for b in ("gloo", "mpi", "ucc")):
             # A Gloo group beside the default one: asked for, or a user-made NCCL-only default group
             # cannot move CPU tensors.
-            pg = dist.new_group(backend="gloo")
+            pg = _new_group(backend="gloo")
             self._created.append(pg)
             self._cpu_groups[world] = pg
 
@@ -202,6 +227,13 @@ class TorchTransport(PostingTransport):
         if self._closed:
             raise PeerError(f"rank {self.rank}: the torch transport has been closed")
 
+    def abort(self, error: PeerError) -> None:
+        """Fail every pending and later operation with ``error`` (a silent peer was found): the Gloo
+        connections ringlet made are shut down, so blocked waits return at once."""
+        if self.aborted is None:
+            self.aborted = error
+            gloo_sockets.shutdown_connections()
+
     def _p2p_group(self, buf: torch.Tensor):
         """The process group object that carries point-to-point messages of ``buf``'s device.
 
@@ -220,8 +252,8 @@ class TorchTransport(PostingTransport):
         try:
             work = pg.send([buf], peer, tag) if what == "send" else pg.recv([buf], peer, tag)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, self.rank, what, peer, tag, None) from exc
-        return TorchHandle(work, self.rank, peer, tag, what, buf)
+            raise _translate(exc, self.rank, what, peer, tag, None, self.aborted) from exc
+        return TorchHandle(work, self.rank, peer, tag, what, buf, self)
 
     # ---- the backend's own all-reduce ----------------------------------------------------
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
@@ -241,8 +273,9 @@ class TorchTransport(PostingTransport):
         try:
             work = dist.all_reduce(buf, table[op], group=group, async_op=True)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, self.rank, "native all-reduce", None, None, None) from exc
-        TorchHandle(work, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", buf).wait(self._timeout)
+            raise _translate(exc, self.rank, "native all-reduce", None, None, None, self.aborted) from exc
+        TorchHandle(work, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", buf,
+                    self).wait(self._timeout)
         self.wire.native(nbytes(buf))
         return True
 
@@ -254,11 +287,11 @@ class TorchTransport(PostingTransport):
         if ranks in self._cpu_groups and (not self._nccl or ranks in self._cuda_groups):
             return
         if ranks not in self._cpu_groups:
-            pg = dist.new_group(list(ranks), backend="gloo")
+            pg = _new_group(list(ranks), backend="gloo")
             self._created.append(pg)
             self._cpu_groups[ranks] = pg
         if self._nccl and ranks not in self._cuda_groups:
-            pg = dist.new_group(list(ranks), backend="nccl")
+            pg = _new_group(list(ranks), backend="nccl")
             self._created.append(pg)
             self._cuda_groups[ranks] = pg
 
