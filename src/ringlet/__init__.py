@@ -66,6 +66,9 @@ def init(transport=None, options: Options | None = None) -> Runtime:
         rt.close()
         raise
     collectives._set_runtime(rt)
+    from . import liveness
+
+    rt.monitor = liveness.start(rt)  # silent peers: RINGLET_PEER_TIMEOUT (docs/reliability.md)
     from . import timeline
 
     timeline.configure_from_env(rt.rank)  # RINGLET_TIMELINE / HOROVOD_TIMELINE also for scripts using hooks only
@@ -102,6 +105,8 @@ def shutdown() -> None:
     rt = collectives._runtime
     if rt is not None:
         collectives._set_runtime(None)
+        if rt.monitor is not None:
+            rt.monitor.stop(clean=True)
         rt.close()
         from .tuning import select
 

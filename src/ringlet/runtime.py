@@ -15,7 +15,7 @@ from .engine.agree import exchange
 from .engine.channel import Channel, tag_base
 from .group import Group
 from .timeline import now_us
-from .types import Options
+from .types import Options, PeerError
 
 
 class Work:
@@ -97,6 +97,8 @@ class Runtime:
         # (Network, Topology) and the Profile it came from, or None without a matching profile.
         self.network_model = None
         self.profile = None
+        # The liveness monitor (ringlet.liveness), set by ringlet.init when the job has a store.
+        self.monitor = None
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:
@@ -172,6 +174,7 @@ class Runtime:
         in the order (a job on the communication thread may run several collectives), and queueing behind
         itself could never finish while it waits."""
         work = Work()
+        fn = self._naming_failures(fn)
         with self._state_lock:
             if self._closed:
                 raise RuntimeError("ringlet has been shut down")
@@ -186,6 +189,23 @@ class Runtime:
             with self._exec_lock:
                 work._run(fn)
         return work
+
+    def _naming_failures(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn``, whose ``PeerError`` names the rank that caused it when the liveness monitor knows
+        (a dead peer's death record arrives a moment after the connection reset)."""
+        def run():
+            try:
+                return fn()
+            except PeerError as exc:
+                monitor = self.monitor
+                if monitor is None or exc.rank is not None:
+                    raise
+                named = monitor.explain(exc)
+                if named is None:
+                    raise
+                raise named from exc
+
+        return run
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():

@@ -11,12 +11,13 @@ Fault injection (environment, so that the command line stays the same for every 
 ``ELASTIC_KILL=RANK:STEP[:STATUS]``: in generation 0, the rank ``RANK`` calls ``os._exit(STATUS)``
 (default 1) at the start of global step ``STEP``. ``ELASTIC_KILL_MODE=allreduce``: instead, every rank starts a large
 all-reduce at that step and the victim dies ~0.2 s into it (inside the ring some survivors then wait
-on a peer that is alive, which must release them). ``ELASTIC_SLOW_BELOW=N``: sleep 0.2 s per step while fewer
+on a peer that is alive, which must release them). ``ELASTIC_KILL_MODE=stop``: the victim stops itself with SIGSTOP instead (a silent peer). ``ELASTIC_SLOW_BELOW=N``: sleep 0.2 s per step while fewer
 than N ranks train (gives a replacement worker time to join).
 """
 import argparse
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -45,7 +46,10 @@ def maybe_die(step: int) -> None:
     rank, at, status = parts[0], parts[1], parts[2] if len(parts) > 2 else 1
     if step != at:
         return
-    if os.environ.get("ELASTIC_KILL_MODE") == "allreduce":
+    if os.environ.get("ELASTIC_KILL_MODE") == "stop":
+        if hvd.rank() == rank:
+            os.kill(os.getpid(), signal.SIGSTOP)  # silent, not dead: only the liveness monitor can tell
+    elif os.environ.get("ELASTIC_KILL_MODE") == "allreduce":
         if hvd.rank() == rank:
             threading.Timer(0.2, lambda: os._exit(status)).start()
         # Every rank: 64 MiB keep the ring busy well past 0.2 s, so the victim dies inside it.

@@ -1,6 +1,7 @@
 """``ringlet run --elastic`` with real processes: a worker dies and the survivors finish from the last commit;
 a replacement joins; too few survivors fail the job; a death inside a ring all-reduce releases every survivor;
-a member that never joins is stopped after the elastic timeout; the same script under plain ``ringlet run``;
+a member that never joins is stopped after the elastic timeout; a member that falls silent (SIGSTOP) is
+named and stopped; the same script under plain ``ringlet run``;
 the digits example.
 
 The worker (elastic_worker.py) logs, per rank, each batch it commits (its own sample indices) and writes
@@ -111,6 +112,22 @@ def test_death_inside_a_ring_allreduce_releases_every_survivor(tmp_path):
     job = elastic_job(tmp_path, ["--elastic", "-np", "3", "--min-np", "2", "--elastic-timeout", "60"],
                       {"ELASTIC_KILL": "2:3", "ELASTIC_KILL_MODE": "allreduce", "RINGLET_ALGORITHM": "ring"})
     assert job.returncode == 0, job_report(job)
+    assert "generation 1: 2 rank(s) (workers 0,1)" in job.stderr, job_report(job)
+    fin = finals(tmp_path)
+    assert sorted(fin) == ["0", "1"], job_report(job)
+    assert_identical_params(fin, job)
+    for epoch in (0, 1):
+        c = counts(tmp_path, epoch)
+        assert sorted(c) == list(range(48)) and set(c.values()) == {1}, (epoch, c)
+
+
+def test_a_silent_member_is_named_stopped_and_the_survivors_finish(tmp_path):
+    """Rank 2 stops itself (SIGSTOP) at step 3: no connection resets, so only the liveness monitor can
+    tell. The survivors raise a PeerError naming it, the driver stops it, and the survivors finish."""
+    job = elastic_job(tmp_path, ["--elastic", "-np", "3", "--min-np", "2", "--elastic-timeout", "60"],
+                      {"ELASTIC_KILL": "2:3", "ELASTIC_KILL_MODE": "stop", "RINGLET_PEER_TIMEOUT": "4"})
+    assert job.returncode == 0, job_report(job)
+    assert "rank 2 (host " in job.stderr and "fell silent" in job.stderr, job_report(job)
     assert "generation 1: 2 rank(s) (workers 0,1)" in job.stderr, job_report(job)
     fin = finals(tmp_path)
     assert sorted(fin) == ["0", "1"], job_report(job)

@@ -19,6 +19,7 @@ import uuid
 
 from . import store as rdzv_store
 from .config import SHIM, LaunchError, RunConfig, say
+from .deaths import DeathWatch
 from .env import worker_env
 from .hosts import LOOPBACK, free_port, hosts_spec, is_local_host, single_host, store_bind_address
 from .status import exit_status, report, root_cause, wait_all
@@ -26,6 +27,7 @@ from .status import exit_status, report, root_cause, wait_all
 EXIT_ACK_KEY = "ringlet/exit_acks"
 EXIT_ACK_TIMEOUT = 30.0  # seconds node 0's agent keeps the store up for agents still leaving the barrier
 RDZV_TIMEOUT = 900  # seconds the agents of a multi-host job wait for each other
+FAILURE_LINGER = 5.0  # seconds node 0 keeps the job's store up after its ranks failed
 
 
 def exit_barrier_holding_store(barrier, timeout: float | None = None):
@@ -89,17 +91,26 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
         rdzv_configs={"rank": node_rank, "timeout": RDZV_TIMEOUT, "bind_addr": bind_addr}, max_restarts=0,
         monitor_interval=0.1, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs")),
     )
+    rdzv_store.endpoint = None
+    deaths = DeathWatch(run_dir, run_id, lambda: rdzv_store.endpoint).start()
     try:
         with HoldStore():
             elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
         return 0
     except ChildFailedError as exc:
         _, first = exc.get_first_failure()
-        return report(root_cause(run_dir), exit_status(first.exitcode), len(exc.failures))
+        deaths.flush()
+        named = node_rank == 0 and deaths.report()
+        if node_rank == 0 and nnodes > 1:  # the store lives here: the other hosts' ranks read why the job stops
+            time.sleep(FAILURE_LINGER)
+        where = "on this host, " if nnodes > 1 or named else ""
+        return report(root_cause(run_dir), exit_status(first.exitcode), len(exc.failures), where)
     except SignalException as exc:
         say(f"got {exc.sigval.name}, stopped the ranks.")
         return 128 + int(exc.sigval)
     finally:
+        deaths.stop()
+        rdzv_store.hosted = None
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(run_dir, ignore_errors=True)

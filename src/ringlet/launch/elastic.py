@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..elastic import protocol as P
+from ..liveness import keys as LK
+from ..liveness.verdict import Verdict, exit_reason
 from .config import SHIM, RunConfig
 from .env import worker_env
 from .hosts import LOOPBACK
@@ -155,6 +157,10 @@ class Driver:
         if self.first_failure is None:
             self.first_failure = (w, w.status)
         _say(f"worker {w.wid} (rank {w.rank} of generation {self.gen}) exited with status {w.status}.")
+        death = Verdict(w.rank, self.host, exit_reason(w.status), time.time(), "dead")
+        prefix = LK.session_prefix(LK.job_prefix({}), self.gen)
+        self.store.set(LK.dead(prefix, w.rank), death.encode())
+        self.store.append(LK.dead_list(prefix), f"{w.rank},")
         if self.restarts_left > 0:
             self.restarts_left -= 1
             nw = self._spawn(len(self.members) - 1, len(self.members))
@@ -217,6 +223,20 @@ class Driver:
         w, status = self.first_failure
         _say(f"worker {w.wid} (rank {w.rank}) failed first with exit status {status}; see its output above.")
         return status
+
+    def _check_silence(self) -> None:
+        """A member that the others' liveness monitors declared silent (a stopped or cut-off worker) is
+        killed, so that the job goes on as after a crash."""
+        key = LK.verdict(LK.session_prefix(LK.job_prefix({}), self.gen))
+        if not self.store.check([key]):
+            return
+        v = Verdict.decode(self.store.get(key))
+        if v.kind != "silent" or not 0 <= v.rank < len(self.members):
+            return
+        w = self.workers[self.members[v.rank]]
+        if w.alive and w.proc.poll() is None:
+            _say(f"worker {w.wid}: {v.describe()}; stopping it.")
+            w.proc.kill()  # the shim's child dies with it (PR_SET_PDEATHSIG), stopped or not
 
     # ---- requests and assembly ------------------------------------------------------------------
     def _read_requests(self) -> None:
@@ -282,6 +302,7 @@ class Driver:
                     self._reap()
                     if not any(self.workers[m].alive for m in self.members):
                         return self._finish()
+                    self._check_silence()
                     self._read_requests()
                     self._check_assembly()
                     time.sleep(POLL_SECONDS)

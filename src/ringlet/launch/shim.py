@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         # command passes the signal on to the program it started.
         try:
             os.killpg(child.pid, signum)
+            if signum in _STOPPING:  # a stopped command (SIGSTOP) must wake up to receive it
+                os.killpg(child.pid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             try:
                 child.send_signal(signum)

@@ -24,19 +24,21 @@ def root_cause(run_dir: str) -> dict | None:
             continue
     if not recs:
         return None
-    # Ranks stopped by the launcher (SIGTERM/SIGKILL/SIGINT) are casualties, not causes, if others failed.
-    casualties = {128 + signal.SIGTERM, 128 + signal.SIGKILL, 128 + signal.SIGINT}
+    # Ranks stopped by the launcher (SIGTERM/SIGINT) are casualties, not causes, if others failed. A
+    # SIGKILL is a cause (the OOM killer, kill -9): the launcher sends one only long after its SIGTERM.
+    casualties = {128 + signal.SIGTERM, 128 + signal.SIGINT}
     causes = [r for r in recs if r["status"] not in casualties] or recs
     return min(causes, key=lambda r: r["time"])
 
 
-def report(rec: dict | None, fallback: int, nfailed: int | None = None) -> int:
-    """Name the rank that failed first (``rec``, from :func:`root_cause`) and return its status."""
+def report(rec: dict | None, fallback: int, nfailed: int | None = None, where: str = "") -> int:
+    """Name the rank that failed first (``rec``, from :func:`root_cause`) and return its status; ``where``
+    prefixes the sentence (``"on this host, "`` for one node launcher of several)."""
     if rec is None:
         say(f"the job failed with exit status {fallback}.")
         return fallback
     extra = f"; {nfailed - 1} other rank(s) failed after it" if nfailed and nfailed > 1 else ""
-    say(f"rank {rec['rank']} (host {rec['host']}) failed first with exit status {rec['status']}{extra}; "
+    say(f"{where}rank {rec['rank']} (host {rec['host']}) failed first with exit status {rec['status']}{extra}; "
         "see its output above.")
     return int(rec["status"])
 
@@ -74,9 +76,14 @@ class Forwarder:
         return False
 
 
-def wait_all(procs) -> int:
-    """Wait for the node launchers; the first one to fail decides the status and stops the rest."""
-    status = 0
+STOP_GRACE = 10.0  # seconds the other hosts get to fail on their own (and say why) before they are stopped
+
+
+def wait_all(procs, grace: float = STOP_GRACE) -> int:
+    """Wait for the node launchers; the first one to fail decides the status. The rest get ``grace``
+    seconds to end by themselves (their ranks raise the ``PeerError`` that names the failed rank), then
+    they are stopped."""
+    status, stop_at = 0, None
     with Forwarder(procs) as fwd:
         pending = list(procs)
         while pending:
@@ -87,8 +94,11 @@ def wait_all(procs) -> int:
                 pending.remove(p)
                 if rc != 0 and status == 0:
                     status = exit_status(rc)
-                    for q in pending:
-                        q.terminate()
+                    stop_at = time.monotonic() + grace
+            if stop_at is not None and time.monotonic() >= stop_at:
+                for q in pending:
+                    q.terminate()
+                stop_at = None
             time.sleep(0.05)
         if fwd.received is not None and status == 0:
             status = 128 + fwd.received

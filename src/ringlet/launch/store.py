@@ -19,6 +19,11 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 BACKEND = "ringlet-static"
 _registered = False
+# (address, port) of the job's store once this process's rendezvous has made or found it.
+endpoint: tuple[str, int] | None = None
+# The store this process hosts (node 0), kept here so that it outlives torch's agent: after a failure
+# the launcher holds it a moment longer, for the survivors to read why (see launch.agent).
+hosted = None
 
 
 def listening_socket(addr: str, port: int) -> socket.socket:
@@ -64,7 +69,12 @@ class BoundStaticRendezvous(StaticTCPRendezvous):
             self._store = serve_store(self.bind_addr, self.master_port, world_size=self.world_size,
                                       wait_for_workers=True, timeout=self.timeout.total_seconds(), multi_tenant=True)
             self.master_port = self._store.port
-        return super().next_rendezvous()
+        info = super().next_rendezvous()
+        global endpoint, hosted
+        if self.rank == 0:
+            hosted = self._store
+        endpoint = (self.master_addr, int(self.master_port))
+        return info
 
 
 def create_handler(params: RendezvousParameters) -> BoundStaticRendezvous:

@@ -23,6 +23,7 @@ import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
 from ._sockets import SocketSet
+from ._waiter import Waiter
 from .base import Handle, PostingTransport, nbytes
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def _is_timeout(exc: BaseException) -> bool:
 
 # Sockets of the Gloo groups this process made (see ``_sockets``): shut down by ``TorchTransport.abort``.
 gloo_sockets = SocketSet()
+_waiter = Waiter()  # blocking waits that an abort interrupts (see ``_waiter``)
 
 
 def _translate(exc: BaseException, rank: int, what: str, peer: int | None, tag: int | None,
@@ -82,12 +84,22 @@ class TorchHandle(Handle):
         self.buf = buf  # keeps the memory alive while the backend may still touch it
 
     def wait(self, timeout: float | None = None) -> None:
+        work = self.work
+        if timeout is None:
+            job = work.wait
+        else:
+            # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
+            limit = datetime.timedelta(seconds=max(timeout, 1e-3))
+
+            def job():
+                work.wait(timeout=limit)
         try:
-            if timeout is None:
-                self.work.wait()
+            if self.owner is None:
+                job()
             else:
-                # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
-                self.work.wait(timeout=datetime.timedelta(seconds=max(timeout, 1e-3)))
+                _waiter.wait(job, self.owner.aborted_or_none)
+        except PeerError:
+            raise
         except Exception as exc:  # noqa: BLE001 - translated to ringlet's error types
             aborted = self.owner.aborted if self.owner is not None else None
             raise _translate(exc, self.rank, self.what, self.peer, self.tag, timeout, aborted) from exc
@@ -226,6 +238,10 @@ class TorchTransport(PostingTransport):
     def _check_open(self) -> None:
         if self._closed:
             raise PeerError(f"rank {self.rank}: the torch transport has been closed")
+
+    def aborted_or_none(self) -> PeerError | None:
+        """A fresh copy of the abort error, or None while the transport is not aborted."""
+        return None if self.aborted is None else self.aborted_error()
 
     def abort(self, error: PeerError) -> None:
         """Fail every pending and later operation with ``error`` (a silent peer was found): the Gloo
