@@ -123,8 +123,14 @@ def test_store_bind_address():
         store_bind_address("no-such-host.invalid", (("no-such-host.invalid", 1),))
 
 
-def test_serve_store_listens_on_the_given_address_only():
-    store = serve_store("127.0.0.1", 0)
-    assert listening_addresses(store.port) == [f"127.0.0.1:{store.port}"]
+def test_serve_store_listens_on_the_given_address_only(monkeypatch):
+    from ringlet.security.secret import SECRET_ENV, new_secret
+    from ringlet.store.torch_store import connect
+
+    monkeypatch.setenv(SECRET_ENV, new_secret())
+    server = serve_store("127.0.0.1", 0)
+    assert listening_addresses(server.port) == [f"127.0.0.1:{server.port}"]
+    store = connect("127.0.0.1", server.port, timeout=10)
     store.set("k", "v")
     assert store.get("k") == b"v"
+    server.close()

@@ -11,11 +11,13 @@ Python code may call directly (re-exported here as ``ringlet.cli.run.run``).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from ..launch import TRANSPORTS, LaunchError, run
+from ..security.secret import SECRET_ENV
 
 _TRANSPORT_HELP = ("How ranks talk: shm (shared memory, one host), torch (Gloo; NCCL for CUDA tensors), mpi "
                    "(mpiexec + mpi4py). Default: shm on a single host without GPUs, else torch (also for "
@@ -45,13 +47,16 @@ _TRANSPORT_HELP = ("How ranks talk: shm (shared memory, one host), torch (Gloo; 
 @click.option("--node-rank", type=int, default=None, hidden=True)
 @click.option("--rdzv-endpoint", default=None, hidden=True)
 @click.option("--run-id", default=None, hidden=True)
+@click.option("--secret-from-stdin", is_flag=True, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_np, max_np, restarts, elastic_timeout,
-            node_rank, rdzv_endpoint, run_id, command):
+            node_rank, rdzv_endpoint, run_id, secret_from_stdin, command):
     """Run COMMAND as NP ranks: ringlet run -np 4 [--transport shm|torch|mpi] -- python train.py ARGS...
 
     Every rank gets RINGLET_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE and the HOROVOD_*
     names; when a rank fails, the job stops and ringlet run exits with that rank's status."""
+    if secret_from_stdin:  # a node launcher of a multi-host job (see ringlet.launch.agent)
+        os.environ[SECRET_ENV] = sys.stdin.readline().strip()
     try:
         status = run(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
                      node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id, cluster=cluster,

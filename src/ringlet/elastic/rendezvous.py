@@ -16,7 +16,6 @@ On success the process environment describes the new place (``RANK``, ``WORLD_SI
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import threading
 import time
@@ -57,15 +56,14 @@ def worker_id() -> str:
 
 
 def store():
-    """The client of the driver's TCPStore (one per process, kept across generations)."""
+    """The client of the driver's store (one per process, kept across generations)."""
     global _store
     if _store is None:
-        import torch.distributed as dist
+        from ..store.torch_store import connect
 
         addr, port = os.environ[P.ENV_ADDR], int(os.environ[P.ENV_PORT])
         try:
-            _store = dist.TCPStore(addr, port, is_master=False, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=STORE_TIMEOUT))
+            _store = connect(addr, port, timeout=STORE_TIMEOUT)
         except Exception as exc:
             raise RendezvousError(f"cannot reach the elastic driver at {addr}:{port}: {exc}") from exc
     return _store
@@ -175,11 +173,10 @@ def _watch() -> None:
     and this worker is still in the old generation after :data:`RELEASE_GRACE`, it is blocked on a peer
     that will never answer, or about to be: tear the generation's connections down (see :mod:`.release`)."""
     global _released
-    import torch.distributed as dist
+    from ..store.torch_store import connect
 
     try:  # a connection of its own: the store client is not shared between threads
-        ws = dist.TCPStore(os.environ[P.ENV_ADDR], int(os.environ[P.ENV_PORT]), is_master=False,
-                           wait_for_workers=False, timeout=datetime.timedelta(seconds=STORE_TIMEOUT))
+        ws = connect(os.environ[P.ENV_ADDR], int(os.environ[P.ENV_PORT]), timeout=STORE_TIMEOUT)
     except Exception:  # noqa: BLE001 - no driver, nothing to watch
         return
     newer_since = None

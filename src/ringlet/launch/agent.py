@@ -18,6 +18,7 @@ import time
 import uuid
 
 from . import store as rdzv_store
+from ..security.secret import SECRET_ENV
 from .config import SHIM, LaunchError, RunConfig, say
 from .deaths import DeathWatch
 from .env import worker_env
@@ -147,18 +148,32 @@ def run_multi_host(cfg: RunConfig, hosts) -> int:
     fwd_env = {k: v for k, v in os.environ.items() if k.startswith(("RINGLET_", "HOROVOD_"))}
     fwd_env.update(cfg.extra_env)
     fwd_env["RINGLET_TRANSPORT"] = cfg.transport
+    secret = fwd_env.pop(SECRET_ENV)
     procs = []
     for i, (host, _) in enumerate(hosts):
         argv = [sys.executable, "-m", "ringlet.cli.main", "run", "--transport", cfg.transport,
                 "--hosts", hosts_spec(hosts), "--node-rank", str(i), "--rdzv-endpoint", endpoint,
                 "--run-id", run_id, "--", *cfg.command]
         if is_local_host(host):
-            procs.append(subprocess.Popen(argv, env={**os.environ, **fwd_env}))
+            procs.append(subprocess.Popen(argv, env={**os.environ, **fwd_env, SECRET_ENV: secret}))
         else:
-            # exec: the remote shell becomes the launcher, so stopping the rsh client stops it (with ssh,
-            # only if the connection drop reaches it: use --rsh "ssh -tt" for a hangup on disconnect).
-            remote = (f"cd {shlex.quote(os.getcwd())} && exec env "
-                      + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(fwd_env.items()))
-                      + " " + shlex.join(argv))
-            procs.append(subprocess.Popen(shlex.split(cfg.rsh) + [host, remote]))
+            procs.append(_start_remote(cfg.rsh, host, argv, fwd_env, secret))
     return wait_all(procs)
+
+
+def _start_remote(rsh: str, host: str, argv: list[str], env: dict, secret: str) -> subprocess.Popen:
+    """The node launcher of ``host`` through the remote shell. exec: the remote shell becomes the launcher,
+    so stopping the rsh client stops it (with ssh, only if the connection drop reaches it: use --rsh
+    "ssh -tt" for a hangup on disconnect). The job's secret goes through its standard input, never on
+    the command line (which ``ps`` shows to every user of the remote host)."""
+    argv = argv[:argv.index("--")] + ["--secret-from-stdin"] + argv[argv.index("--"):]
+    remote = (f"cd {shlex.quote(os.getcwd())} && exec env "
+              + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+              + " " + shlex.join(argv))
+    proc = subprocess.Popen(shlex.split(rsh) + [host, remote], stdin=subprocess.PIPE)
+    try:
+        proc.stdin.write((secret + "\n").encode())
+        proc.stdin.close()
+    except OSError:
+        pass  # the remote shell failed at once; its exit status says why
+    return proc

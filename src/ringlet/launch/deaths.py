@@ -9,7 +9,6 @@ has stopped, even when the failure was silence and not an exit.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import threading
 import time
@@ -75,10 +74,9 @@ class DeathWatch:
         ep = self._endpoint()
         if ep is None:
             return False
-        from torch.distributed import TCPStore
+        from ..store.torch_store import connect
 
-        self._store = TCPStore(ep[0], int(ep[1]), is_master=False, wait_for_workers=False,
-                               timeout=datetime.timedelta(seconds=10))
+        self._store = connect(ep[0], int(ep[1]), timeout=10.0, connect_timeout=10.0)
         return True
 
     def _publish(self) -> None:

@@ -4,8 +4,8 @@
 
     ringlet run --elastic -np 4 --min-np 2 --restarts 2 -- python train.py
 
-It hosts a TCPStore on 127.0.0.1 (the rendezvous, see :mod:`ringlet.elastic.protocol`), starts every
-worker through the per-rank shim (signals, orphan protection, ``RINGLET_*``/``HOROVOD_*`` env), and
+It hosts the job's store on 127.0.0.1 (the rendezvous, see :mod:`ringlet.elastic.protocol`; only holders
+of the job's secret may use it), starts every worker through the per-rank shim (signals, orphan protection, ``RINGLET_*``/``HOROVOD_*`` env), and
 decides the membership of each *generation*:
 
 - a member dies (non-zero exit): if ``--restarts`` remain, a replacement starts (it joins later, see
@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from ..elastic import protocol as P
 from ..liveness import keys as LK
 from ..liveness.verdict import Verdict, exit_reason
+from ..security.secret import SECRET_ENV
+from ..store import StoreClient, StoreServer
 from .config import SHIM, RunConfig
 from .env import worker_env
 from .hosts import LOOPBACK
 from .status import Forwarder, exit_status
-from .store import serve_store
 
 POLL_SECONDS = 0.05
 SETTLE_SECONDS = 0.2  # after a member's request: let the exit of a peer that just died be seen first
@@ -116,12 +117,13 @@ class Driver:
         self.restarts_left = cfg.restarts
         self.first_failure: tuple[_Worker, int] | None = None
         self.store = None
+        self.server = None
         self.base_env: dict = {}
         self._next_id = 0
 
     # ---- processes ------------------------------------------------------------------------------
     def _env(self, wid: str, rank: int, size: int) -> dict:
-        addr, port = LOOPBACK, str(self.store.port)
+        addr, port = LOOPBACK, str(self.server.port)
         return {**self.base_env, P.ENV_FLAG: "1", P.ENV_ADDR: addr, P.ENV_PORT: port, P.ENV_ID: wid,
                 P.ENV_TIMEOUT: str(self.cfg.timeout), "MASTER_ADDR": addr, "MASTER_PORT": port,
                 # Provisional place (the shim exports it); init() replaces it with the generation's.
@@ -288,8 +290,10 @@ class Driver:
         self.base_env = {k: v for k, v in os.environ.items() if k != "RINGLET_RUN_HOSTS"}
         self.base_env.update(worker_env(RunConfig(self.cfg.command, self.cfg.np, "torch",
                                                   extra_env=dict(self.cfg.extra_env)), None))
-        # The workers are on this host: the store listens on loopback only.
-        self.store = serve_store(LOOPBACK, 0, timeout=60.0)
+        # The workers are on this host: the store listens on loopback only, for holders of the job's secret.
+        secret = bytes.fromhex(self.base_env[SECRET_ENV])
+        self.server = StoreServer(LOOPBACK, 0, secret)
+        self.store = StoreClient(LOOPBACK, self.server.port, secret, timeout=60.0)
         initial = [self._spawn(r, self.cfg.np) for r in range(self.cfg.np)]
         self._publish([w.wid for w in initial], "start")
         with Forwarder(self.procs) as fwd:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from .config import RunConfig
 from .hosts import hosts_spec
@@ -35,9 +36,14 @@ def allocator_env(environ) -> dict:
     return dict(MALLOC_ENV)
 
 
+BOOT_DIR = str(Path(__file__).with_name("boot"))  # its sitecustomize: env:// on the authenticated store
+
+
 def worker_env(cfg: RunConfig, hosts) -> dict:
     """Variables added to every rank's environment (beside the launcher's own, which ranks inherit)."""
     env = {"RINGLET_TRANSPORT": cfg.transport}
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
     if hosts is not None:
         env["RINGLET_RUN_HOSTS"] = hosts_spec(hosts)
     # Each rank is one process among several on few cores: one intra-op thread, as torchrun does.

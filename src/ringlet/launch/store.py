@@ -1,21 +1,25 @@
-"""The job's TCPStore, listening only where the hosts reach it.
+"""The job's store: ringlet's authenticated store, hosted by node 0's launcher, listening only where
+the hosts reach it.
 
-torch's ``TCPStore`` server listens on every interface whatever host name it is given; it listens on
-a chosen address only when handed a socket already bound there (``master_listen_fd``). Node 0's
-elastic agent hosts the job's store, so ``ringlet run`` gives the agent its own rendezvous backend,
-:data:`BACKEND`: torch's static TCP rendezvous, except that node 0 binds the store's socket to
-``bind_addr`` (a rendezvous config entry) first. A single-host job binds 127.0.0.1, a job over
-several hosts the address they reach node 0 at (see :func:`ringlet.launch.hosts.store_bind_address`).
+``ringlet run`` gives torch's elastic agent its own rendezvous backend, :data:`BACKEND`: a static
+rendezvous (node rank = host entry index) whose node 0 hosts a :class:`ringlet.store.StoreServer` on
+``bind_addr`` (a rendezvous config entry): 127.0.0.1 for a single-host job, the address the hosts reach
+node 0 at for a multi-host one (see :func:`ringlet.launch.hosts.store_bind_address`). Every agent and
+every rank connects with the job's secret (``RINGLET_JOB_SECRET``); other connections are refused and
+logged once with their address.
 """
 from __future__ import annotations
 
 import datetime
-import socket
 
-import torch.distributed as dist
-from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+from torch.distributed import PrefixStore
+from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo, RendezvousParameters,
+                                                  RendezvousStoreInfo, rendezvous_handler_registry)
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from ..security.secret import job_secret
+from ..store import StoreServer
+from ..store.torch_store import connect
 
 BACKEND = "ringlet-static"
 _registered = False
@@ -23,58 +27,63 @@ _registered = False
 endpoint: tuple[str, int] | None = None
 # The store this process hosts (node 0), kept here so that it outlives torch's agent: after a failure
 # the launcher holds it a moment longer, for the survivors to read why (see launch.agent).
-hosted = None
+hosted: StoreServer | None = None
 
 
-def listening_socket(addr: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``addr:port`` (``port`` 0: one the OS picks) and listening."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((addr, port))
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+def serve_store(addr: str, port: int = 0) -> StoreServer:
+    """The job's store listening on ``addr:port`` only (``addr`` ``""``: every interface; ``port`` 0:
+    the OS picks, see ``.port``), for clients that hold this process's job secret."""
+    secret = job_secret()
+    if secret is None:
+        raise RuntimeError("The job's store needs the job's secret (RINGLET_JOB_SECRET); ringlet run sets it.")
+    return StoreServer(addr, port, secret)
 
 
-def serve_store(addr: str, port: int = 0, *, world_size: int | None = None, wait_for_workers: bool = False,
-                timeout: float = 60.0, multi_tenant: bool = False):
-    """A ``TCPStore`` server listening on ``addr:port`` only (``addr`` ``""``: every interface); its port
-    is ``store.port``."""
-    sock = listening_socket(addr, port)
-    port = sock.getsockname()[1]
-    # The store owns the descriptor from now on (detach: Python must not close it under the server).
-    fd = sock.detach()
-    return dist.TCPStore(addr or "127.0.0.1", port, world_size, True, datetime.timedelta(seconds=timeout),
-                         wait_for_workers=wait_for_workers, multi_tenant=multi_tenant, master_listen_fd=fd)
-
-
-class BoundStaticRendezvous(StaticTCPRendezvous):
-    """torch's static rendezvous whose node 0 hosts the store on ``bind_addr`` only (port 0: the OS
-    picks one, and the workers learn it from the rendezvous)."""
+class BoundStaticRendezvous(RendezvousHandler):
+    """A static rendezvous over the job's authenticated store; node 0 hosts it on ``bind_addr`` (port 0:
+    the OS picks one, and the workers learn it from the rendezvous)."""
 
     def __init__(self, master_addr: str, master_port: int, rank: int, world_size: int, run_id: str,
                  timeout: int, bind_addr: str):
-        super().__init__(master_addr, master_port, rank, world_size, run_id, timeout)
+        self.master_addr, self.master_port = master_addr, master_port
+        self.rank, self.world_size, self.run_id = rank, world_size, run_id
+        self.timeout = datetime.timedelta(seconds=timeout)
         self.bind_addr = bind_addr
+        self._store = None
 
     def get_backend(self) -> str:
         return BACKEND
 
-    def next_rendezvous(self):
-        if self._store is None and self.rank == 0:
-            self._store = serve_store(self.bind_addr, self.master_port, world_size=self.world_size,
-                                      wait_for_workers=True, timeout=self.timeout.total_seconds(), multi_tenant=True)
-            self.master_port = self._store.port
-        info = super().next_rendezvous()
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    def next_rendezvous(self) -> RendezvousInfo:
         global endpoint, hosted
-        if self.rank == 0:
-            hosted = self._store
+        if self._store is None:
+            if self.rank == 0:
+                hosted = serve_store(self.bind_addr, self.master_port)
+                self.master_port = hosted.port
+            self._store = connect(self.master_addr, self.master_port, timeout=self.timeout.total_seconds(),
+                                  connect_timeout=self.timeout.total_seconds())
         endpoint = (self.master_addr, int(self.master_port))
-        return info
+        return RendezvousInfo(PrefixStore(self.run_id, self._store), self.rank, self.world_size,
+                              RendezvousStoreInfo(self.master_addr, self.master_port))
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    def shutdown(self) -> bool:
+        return True
 
 
 def create_handler(params: RendezvousParameters) -> BoundStaticRendezvous:

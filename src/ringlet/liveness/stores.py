@@ -39,8 +39,8 @@ def connector(opts: LivenessOptions, environ=None):
     timeout = datetime.timedelta(seconds=max(opts.peer_timeout, 2.0))
 
     def connect():
-        from torch.distributed import TCPStore
+        from ..store.torch_store import connect as open_store
 
-        return TCPStore(addr, int(port), is_master=False, wait_for_workers=False, timeout=timeout)
+        return open_store(addr, int(port), timeout=timeout.total_seconds(), connect_timeout=timeout.total_seconds())
 
     return connect

@@ -13,8 +13,8 @@ _lock = threading.Lock()
 def note_stranger(endpoint: str, address, why: str) -> bool:
     """Report that ``endpoint`` (e.g. ``"store"``) refused a connection from ``address`` because ``why``.
 
-    The first refusal per (endpoint, host) is logged as a warning and printed on stderr; later ones are
-    counted silently. Returns True when this call reported."""
+    The first refusal per (endpoint, host) is logged as a warning (on stderr when logging is not
+    configured); later ones are not. Returns True when this call reported."""
     host = address[0] if isinstance(address, (tuple, list)) and address else str(address)
     key = (endpoint, str(host))
     with _lock:
@@ -22,8 +22,10 @@ def note_stranger(endpoint: str, address, why: str) -> bool:
             return False
         _seen.add(key)
     msg = f"ringlet: {endpoint} refused a connection from {address}: {why}"
-    log.warning(msg)
-    print(msg, file=sys.stderr, flush=True)
+    if log.hasHandlers():
+        log.warning(msg)
+    else:
+        print(msg, file=sys.stderr, flush=True)
     return True
 
 

@@ -125,7 +125,7 @@ def init_default_group(timeout: float, join=None) -> None:
     if join is not None:
         store, rank, world = join()
     else:
-        store, rank, world = next(dist.rendezvous("env://"))
+        store, rank, world = _env_rendezvous(timeout)
         store = dist.PrefixStore(f"ringlet/{_generation}", store)
     gloo_sockets.before()
     try:
@@ -142,6 +142,17 @@ def _new_group(*args, **kwargs):
         return _dist().new_group(*args, **kwargs)
     finally:
         gloo_sockets.after()
+
+
+def _env_rendezvous(timeout: float):
+    """(store, rank, world size) of the ``env://`` variables: the launcher's store (authenticated under
+    ``ringlet run``), or torch's own ``env://`` rendezvous when the launcher has none."""
+    from ..store.torch_store import job_store
+
+    store = job_store(timeout)
+    if store is None:
+        return next(_dist().rendezvous("env://"))
+    return store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 def destroy_default_group() -> None:
