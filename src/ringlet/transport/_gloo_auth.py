@@ -71,8 +71,13 @@ def _wait(work, deadline: float) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+    text = str(exc).strip()
+    low = text.lower()
+    if "timed out" in low or "timeout" in low:
+        return "it did not answer in time"
+    if "closed" in low or "reset" in low:
+        return "the connection closed (the peer failed or left)"
+    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 def exchange(view: GroupView, payloads: dict[int, bytes], size: int, tag: int,
