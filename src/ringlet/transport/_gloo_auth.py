@@ -105,18 +105,19 @@ def exchange(view: GroupView, payloads: dict[int, bytes], size: int, tag: int,
     return got, failed
 
 
-def _outgoing(listeners: list[Endpoint]) -> list[Endpoint]:
-    """This process's connections to any of ``listeners``: their local endpoints."""
+def _outgoing(connections, listeners: list[Endpoint]) -> list[Endpoint]:
+    """The local endpoints of those ``connections`` (this process's) that reach one of ``listeners``."""
     targets = set(listeners)
-    return sorted({c.local for c, _ in own_connections() if c.state != LISTEN and c.remote in targets})
+    return sorted({c.local for c, _ in connections if c.state != LISTEN and c.remote in targets})
 
 
 def _answers(view: GroupView, secret: bytes, sent1: dict[int, bytes], got1: dict[int, bytes]) -> dict[int, bytes]:
     """Round 2's message to every peer that delivered round 1."""
     out = {}
+    connections = own_connections()
     for p, theirs in got1.items():
         their_listeners, _ = unpack_endpoints(theirs[NONCE_BYTES:], CAPACITY)
-        table = pack_endpoints(_outgoing(their_listeners), CAPACITY)
+        table = pack_endpoints(_outgoing(connections, their_listeners), CAPACITY)
         mac = prove(secret, ROLE, view.label(), _rank_bytes(view.ranks[view.me]), _rank_bytes(view.ranks[p]),
                     theirs, sent1[p], table)
         out[p] = mac + table

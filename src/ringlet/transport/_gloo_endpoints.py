@@ -44,8 +44,9 @@ def canonical(ep: Endpoint) -> Endpoint:
     return (str(ip), int(ep[1]))
 
 
-def tcp_table() -> list[Connection]:
-    """Every TCP socket of this network namespace (all processes), IPv4 and IPv6."""
+def tcp_table(inodes=None) -> list[Connection]:
+    """The TCP sockets of this network namespace (all processes), IPv4 and IPv6; only those whose inode
+    is in ``inodes`` when it is given."""
     rows: list[Connection] = []
     for family, path in ((socket.AF_INET, "/proc/self/net/tcp"), (socket.AF_INET6, "/proc/self/net/tcp6")):
         try:
@@ -55,7 +56,7 @@ def tcp_table() -> list[Connection]:
             continue
         for line in lines:
             p = line.split()
-            if len(p) < 10:
+            if len(p) < 10 or (inodes is not None and int(p[9]) not in inodes):
                 continue
             rows.append(Connection(_endpoint(p[1], family), _endpoint(p[2], family), int(p[3], 16), int(p[9])))
     return rows
@@ -81,7 +82,7 @@ def socket_inodes() -> dict[int, int]:
 def own_connections() -> list[tuple[Connection, int]]:
     """This process's TCP sockets, each with its descriptor."""
     inodes = socket_inodes()
-    return [(c, inodes[c.inode]) for c in tcp_table() if c.inode in inodes]
+    return [(c, inodes[c.inode]) for c in tcp_table(inodes)]
 
 
 def pack_endpoints(eps: list[Endpoint], capacity: int) -> bytes:
