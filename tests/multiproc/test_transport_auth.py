@@ -69,7 +69,7 @@ def test_strangers_on_every_gloo_listener_are_refused(world, tmp_path):
         for r, path in enumerate(lists):
             listeners = json.loads(path.read_text())
             assert listeners, f"rank {r} watches no Gloo listener"
-            assert all(ep[0] in ("127.0.0.1", "::1") for ep in listeners), f"single-host job not on loopback: {listeners}"
+            assert all(ep[0] in ("127.0.0.1", "::1") for ep in listeners), f"not on loopback: {listeners}"
             socks[r] = [s for ep in listeners for s in strangers_at(ep)]
             names[r] = {tuple(s.getsockname()[:2]) for s in socks[r]}
         (tmp_path / "auth.json.go").write_text(json.dumps({str(r): len(v) for r, v in socks.items()}))
