@@ -22,6 +22,8 @@ import os
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
+from ._gloo_guard import creating_gloo, secure_gloo
+from ._gloo_watch import check_strangers as _check_strangers
 from ._sockets import SocketSet
 from ._waiter import Waiter
 from .base import Handle, PostingTransport, nbytes
@@ -129,17 +131,24 @@ def init_default_group(timeout: float, join=None) -> None:
         store = dist.PrefixStore(f"ringlet/{_generation}", store)
     gloo_sockets.before()
     try:
-        dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        with creating_gloo() as opened_before:
+            dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout))
+        secure_gloo(dist.group.WORLD, opened_before, timeout)
     finally:
         gloo_sockets.after()
 
 
-def _new_group(*args, **kwargs):
-    """``dist.new_group``, with the sockets it opens recorded in :data:`gloo_sockets`."""
+def _new_group(*args, auth_timeout: float, **kwargs):
+    """``dist.new_group``, with the sockets it opens recorded in :data:`gloo_sockets`; a Gloo group is
+    bound and authenticated as :mod:`._gloo_guard` describes (``auth_timeout``: seconds per round)."""
     gloo_sockets.before()
     try:
-        return _dist().new_group(*args, **kwargs)
+        with creating_gloo() as opened_before:
+            pg = _dist().new_group(*args, **kwargs)
+        if kwargs.get("backend") == "gloo":
+            secure_gloo(pg, opened_before, auth_timeout)
+        return pg
     finally:
         gloo_sockets.after()
 
@@ -194,15 +203,19 @@ class TorchTransport(PostingTransport):
             if "nccl" in backend:
                 self._cuda_groups[world] = None
             else:
-                pg = _new_group(backend="nccl")
+                pg = _new_group(backend="nccl", auth_timeout=self._timeout)
                 self._created.append(pg)
                 self._cuda_groups[world] = pg
         if own_world or not any(b in backend for b in ("gloo", "mpi", "ucc")):
             # A Gloo group beside the default one: asked for, or a user-made NCCL-only default group
             # cannot move CPU tensors.
-            pg = _new_group(backend="gloo")
+            pg = _new_group(backend="gloo", auth_timeout=self._timeout)
             self._created.append(pg)
             self._cpu_groups[world] = pg
+        elif not owns_group:
+            # The script's own default group carries ringlet's CPU traffic: authenticate its pairs too
+            # (its listeners are not known, so they are not watched).
+            secure_gloo(dist.group.WORLD, None, self._timeout)
 
     @classmethod
     def available(cls) -> bool:
@@ -261,6 +274,11 @@ class TorchTransport(PostingTransport):
             self.aborted = error
             gloo_sockets.shutdown_connections()
 
+    def check_strangers(self) -> list:
+        """Report and refuse connections to this process's Gloo listeners that are not the job's
+        authenticated peers (see :func:`._gloo_watch.check_strangers`); their remote addresses."""
+        return _check_strangers()
+
     def _p2p_group(self, buf: torch.Tensor):
         """The process group object that carries point-to-point messages of ``buf``'s device.
 
@@ -314,11 +332,11 @@ class TorchTransport(PostingTransport):
         if ranks in self._cpu_groups and (not self._nccl or ranks in self._cuda_groups):
             return
         if ranks not in self._cpu_groups:
-            pg = _new_group(list(ranks), backend="gloo")
+            pg = _new_group(list(ranks), backend="gloo", auth_timeout=self._timeout)
             self._created.append(pg)
             self._cpu_groups[ranks] = pg
         if self._nccl and ranks not in self._cuda_groups:
-            pg = _new_group(list(ranks), backend="nccl")
+            pg = _new_group(list(ranks), backend="nccl", auth_timeout=self._timeout)
             self._created.append(pg)
             self._cuda_groups[ranks] = pg
 
