@@ -18,18 +18,20 @@ _sessions = 0  # ringlet.init sessions of this process (the same count on every 
 
 class Monitor:
     """Heartbeats of rank ``rank`` of ``size`` into the store ``connect()`` returns, and a watch on the
-    next ``options.watch`` ranks. The first verdict (a silent rank, a death record, an unreachable
+    next ``options.watch`` ranks; ``on_beat()`` runs with every heartbeat (the transport's check for
+    strangers on its endpoints). The first verdict (a silent rank, a death record, an unreachable
     store) is handed once to ``on_verdict``. Store calls run on this thread only, over its own
     connection, so a blocked collective never delays a heartbeat."""
 
     def __init__(self, connect: Callable[[], object], rank: int, size: int, host: str, job: str, session: int,
-                 options: LivenessOptions, on_verdict: Callable[[Verdict], None], deaths_per_session: bool = False):
+                 options: LivenessOptions, on_verdict: Callable[[Verdict], None], deaths_per_session: bool = False,
+                 on_beat: Callable[[], object] | None = None):
         self.rank, self.size, self.host = rank, size, host
         self.prefix = K.session_prefix(job, session)
         # Where death records are: per job (ringlet run's agents), or per generation (--elastic's driver).
         self.job = self.prefix if deaths_per_session else job
         self.options = options
-        self._connect, self._on_verdict = connect, on_verdict
+        self._connect, self._on_verdict, self._on_beat = connect, on_verdict, on_beat
         self.verdict: Verdict | None = None
         self._store = None
         self._stop = threading.Event()
@@ -82,6 +84,11 @@ class Monitor:
     def _round(self) -> None:
         st = self._store
         st.add(K.heartbeat(self.prefix, self.rank), 1)
+        if self._on_beat is not None:
+            try:
+                self._on_beat()
+            except Exception as exc:  # noqa: BLE001 - a failed check must not look like a silent store
+                log.debug("ringlet liveness: the strangers check failed: %s", exc)
         found = self._read_verdict() or self._read_deaths()
         if found is None:
             found = self._check_watched()
@@ -185,7 +192,7 @@ def start(rt) -> Monitor | None:
     try:
         job = K.job_prefix({}) if rendezvous.enabled() else K.job_prefix()
         return Monitor(connect, rt.rank, rt.size, host, job, session, opts, on_verdict,
-                       deaths_per_session=rendezvous.enabled()).start()
+                       deaths_per_session=rendezvous.enabled(), on_beat=rt.transport.check_strangers).start()
     except Exception as exc:  # noqa: BLE001 - the job runs on; only silence detection is lost
         log.warning("ringlet: liveness monitor not started: %s", exc)
         return None

@@ -144,6 +144,12 @@ class Transport(abc.ABC):
         if self.aborted is None:
             self.aborted = error
 
+    def check_strangers(self) -> list:
+        """Report and refuse connections to this transport's endpoints from processes that did not
+        prove the job's secret; return their addresses. The liveness monitor calls it every heartbeat.
+        Transports without network endpoints of their own have nothing to check."""
+        return []
+
     def aborted_error(self) -> Exception:
         """A fresh copy of the abort error (each raise gets its own traceback)."""
         err = self.aborted
