@@ -75,11 +75,11 @@ def parse(argv: list[str]) -> SoakOptions:
 def resources(step: int, t0: float) -> dict:
     """This process's resources now (after step ``step``)."""
     with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * PAGE
+        _, rss, shared = (int(v) * PAGE for v in f.read().split()[:3])
     with open("/proc/self/status") as f:
         threads_os = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
     return {"step": step, "seconds": round(time.monotonic() - t0, 3), "rss": rss,
-            "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+            "rss_shared": shared, "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
             "threads_os": threads_os, "gc_objects": len(gc.get_objects())}
 
 
