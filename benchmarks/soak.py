@@ -21,6 +21,7 @@ Every ``--sample-every`` steps each rank waits for its handles and records its r
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -51,8 +52,10 @@ class SoakOptions:
     window: int = 4
     async_share: float = 0.5
     inplace_share: float = 0.3
-    large_share: float = 0.05
+    large_share: float = 0.15
     sample_every: int = 100
+    rss_limit: float = 0.05
+    mmap_threshold: int = 1 << 20
 
 
 def parse(argv: list[str]) -> SoakOptions:
@@ -63,24 +66,41 @@ def parse(argv: list[str]) -> SoakOptions:
     ap.add_argument("--out", required=True, help="JSON file (rank files OUT.rankR beside it)")
     ap.add_argument("--window", type=int, default=4, help="most _async handles outstanding per rank")
     ap.add_argument("--async-share", type=float, default=0.5, help="share of calls in the _async form")
-    ap.add_argument("--large-share", type=float, default=0.05, help="share of steps in [max/2, max] bytes")
+    ap.add_argument("--large-share", type=float, default=0.15, help="share of steps in [max/2, max] bytes")
     ap.add_argument("--sample-every", type=int, default=100, help="steps between resource samples")
+    ap.add_argument("--rss-limit", type=float, default=0.05,
+                    help="largest RSS growth from the baseline sample that passes (inf: not judged)")
+    ap.add_argument("--mmap-threshold", type=int, default=1 << 20,
+                    help="glibc M_MMAP_THRESHOLD in bytes (0: leave glibc's moving threshold)")
     a = ap.parse_args(argv)
     if a.ops < 1 or a.max_bytes < 1 or a.window < 1 or a.sample_every < 1:
         ap.error("--ops, --max-bytes, --window and --sample-every must be positive")
     return SoakOptions(ops=a.ops, max_bytes=a.max_bytes, seed=a.seed, out=a.out, window=a.window,
-                       async_share=a.async_share, large_share=a.large_share, sample_every=a.sample_every)
+                       async_share=a.async_share, large_share=a.large_share, sample_every=a.sample_every,
+                       rss_limit=a.rss_limit, mmap_threshold=a.mmap_threshold)
 
 
 def resources(step: int, t0: float) -> dict:
-    """This process's resources now (after step ``step``)."""
+    """This process's resources now (after step ``step``). ``rss``: resident memory (``/proc/self/statm``);
+    ``rss_private``: its anonymous and file-backed part, ``rss_shmem``: its shared-memory part
+    (``/proc/self/status``; the shm transport's rings, allocated in full when the job starts)."""
     with open("/proc/self/statm") as f:
-        _, rss, shared = (int(v) * PAGE for v in f.read().split()[:3])
+        rss = int(f.read().split()[1]) * PAGE
     with open("/proc/self/status") as f:
-        threads_os = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    kib = {k: int(status[k].split()[0]) << 10 for k in ("RssAnon", "RssFile", "RssShmem")}
     return {"step": step, "seconds": round(time.monotonic() - t0, 3), "rss": rss,
-            "rss_shared": shared, "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
-            "threads_os": threads_os, "gc_objects": len(gc.get_objects())}
+            "rss_private": kib["RssAnon"] + kib["RssFile"], "rss_shmem": kib["RssShmem"],
+            "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+            "threads_os": int(status["Threads"]), "gc_objects": len(gc.get_objects())}
+
+
+def fixed_mmap_threshold(nbytes: int) -> None:
+    """Have glibc serve allocations of ``nbytes`` and more with their own mappings, returned when freed
+    (``mallopt(M_MMAP_THRESHOLD)``; it also turns off glibc's moving threshold, which otherwise keeps
+    freed tensors of many MiB in the heap, where fragmentation swings the resident size by a fifth)."""
+    if nbytes > 0:
+        ctypes.CDLL(None).mallopt(-3, int(nbytes))  # M_MMAP_THRESHOLD
 
 
 @dataclass
@@ -166,6 +186,7 @@ def run_plan(opts: SoakOptions, groups: Groups, handles: list, native: bool) -> 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)
+    fixed_mmap_threshold(opts.mmap_threshold)
     rt = ringlet.init()
     rank, p = ringlet.rank(), ringlet.size()
     groups = Groups.for_world(p)

@@ -39,7 +39,7 @@ class SizeDraw:
     uniform in ``[max_bytes / 2, max_bytes]``, and an ``empty_share`` of steps with no elements."""
 
     max_bytes: int
-    large_share: float = 0.05
+    large_share: float = 0.15
     empty_share: float = 0.02
 
     def nbytes(self, rng: random.Random) -> int:
