@@ -137,8 +137,8 @@ def complete(pend: Pending, rank: int) -> list[str]:
         errs = [] if want is None else differences(got, want, spec, "result")
         if pend.mode.inplace and spec.kind in ("allreduce", "broadcast") and got is not pend.x:
             errs.append("in-place form returned another tensor than its argument")
-    small = pend.x.numel() < CHECK_INPUT_BELOW
-    if small and spec.kind != "barrier" and not (pend.mode.inplace and spec.kind in ("allreduce", "broadcast", "reduce")):
+    overwritten = pend.mode.inplace and spec.kind in ("allreduce", "broadcast", "reduce")
+    if pend.x.numel() < CHECK_INPUT_BELOW and spec.kind != "barrier" and not overwritten:
         errs += differences(pend.x, member_input(spec, pend.b, pend.j), spec, "input after the call")
     return [f"step {spec.index} {describe(spec, pend.mode)}: {e}" for e in errs]
 

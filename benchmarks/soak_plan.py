@@ -180,9 +180,11 @@ def make_spec(index: int, seed: int, groups: Groups, sizes: SizeDraw, native: bo
     a, c = _coefficients(rng, p, dtype, op)
     post = rng.choice((1.0, 1.0, 0.5, 2.0)) if kind == "allreduce" and dtype in FLOATS and op != ReduceOp.PRODUCT \
         else 1.0
-    return OpSpec(index=index, seed=seed, kind=kind, group=g, members=members, dtype=dtype, width=width, rows=rows, a=a, c=c,
-                  op=op, algorithm=_algorithm(rng, kind, dtype, native), root=rng.choice(members), post=post,
-                  splits=splits, given_sizes=kind == "allgather" and rng.random() < 0.3)
+    algorithm = _algorithm(rng, kind, dtype, native)
+    root = rng.choice(members)
+    return OpSpec(index=index, seed=seed, kind=kind, group=g, members=members, dtype=dtype, width=width,
+                  rows=rows, a=a, c=c, op=op, algorithm=algorithm, root=root, post=post, splits=splits,
+                  given_sizes=kind == "allgather" and rng.random() < 0.3)
 
 
 # ---- data and references --------------------------------------------------------------------------

@@ -92,7 +92,8 @@ def print_summary(m: dict) -> None:
         print(f"  rank {r['rank']}: private rss {_mib(r['rss_base'])} -> {_mib(r['rss_end'])} MiB "
               f"({100 * r['rss_growth']:+.2f}% from step {r['baseline_step']}), shmem {_mib(r['shmem_base'])} -> "
               f"{_mib(r['shmem_end'])} MiB, fds {r['fds_first']}->{r['fds_last']}, "
-              f"threads {r['threads_first']}->{r['threads_last']} (os {r['threads_os_first']}->{r['threads_os_last']}), "
+              f"threads {r['threads_first']}->{r['threads_last']} "
+              f"(os {r['threads_os_first']}->{r['threads_os_last']}), "
               f"gc objects {r['gc_objects_base']}->{r['gc_objects_end']}")
     for e in m["errors"][:10]:
         print(f"  error: {e}")
