@@ -23,16 +23,17 @@ BASELINE_STEP = 1000
 STEADY = ("fds", "threads", "threads_os")
 
 
-def baseline(samples: list[dict]) -> dict:
+def baseline(samples: list[dict], step: int = BASELINE_STEP) -> dict:
+    """The first sample at ``step`` or later (at a third of the run when the run is shorter than 3 x step)."""
     last = samples[-1]["step"]
-    want = BASELINE_STEP if last >= 3 * BASELINE_STEP else last // 3
+    want = step if last >= 3 * step else last // 3
     return next(s for s in samples if s["step"] >= want)
 
 
-def judge_rank(rec: dict) -> dict:
+def judge_rank(rec: dict, base_step: int = BASELINE_STEP) -> dict:
     """One rank's figures: RSS at the baseline and at the end, its growth, the steady counts first/last."""
     samples = rec["samples"]
-    base, end = baseline(samples), samples[-1]
+    base, end = baseline(samples, base_step), samples[-1]
     steady = [s for s in samples if s["step"] > 0] or samples
     out = {"rank": rec["rank"], "errors": rec["error_count"], "exceptions": rec["exceptions"],
            "baseline_step": base["step"], "rss_base": base["rss_private"], "rss_end": end["rss_private"],
@@ -61,7 +62,15 @@ def verdict(ranks: list[dict], rss_limit: float = RSS_GROWTH_LIMIT) -> dict:
 def merge(out: str, world: int) -> dict:
     """Read ``OUT.rank0..`` and write ``OUT``: every rank's record plus the judgement."""
     recs = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(world)]
-    ranks = [judge_rank(r) for r in recs]
+    merged = judged(recs)
+    Path(out).write_text(json.dumps(merged, indent=1))
+    return merged
+
+
+def judged(recs: list[dict], base_step: int = BASELINE_STEP) -> dict:
+    """The merged result of the ranks' records ``recs``, RSS growth judged from ``base_step``."""
+    world = len(recs)
+    ranks = [judge_rank(r, base_step) for r in recs]
     counts: dict = {}
     for r in recs:
         for k, v in r["counts"].items():
@@ -73,7 +82,6 @@ def merge(out: str, world: int) -> dict:
               "verdict": verdict(ranks, recs[0]["options"].get("rss_limit", RSS_GROWTH_LIMIT)),
               "errors": [e for r in recs for e in r["errors"]][:100],
               "records": recs}
-    Path(out).write_text(json.dumps(merged, indent=1))
     return merged
 
 
@@ -128,8 +136,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Print a merged soak result (OUT written by soak.py).")
     ap.add_argument("out")
     ap.add_argument("--markdown", action="store_true", help="print the README table row instead")
+    ap.add_argument("--baseline", type=int, default=BASELINE_STEP, help="step RSS growth is measured from")
     a = ap.parse_args()
-    m = json.loads(Path(a.out).read_text())
+    m = judged(json.loads(Path(a.out).read_text())["records"], a.baseline)
     if a.markdown:
         print(markdown_row(m))
     else:
