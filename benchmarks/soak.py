@@ -13,10 +13,11 @@ result is compared with a locally computed reference (:mod:`soak_ops`); a differ
 recorded and the soak goes on.
 
 Every ``--sample-every`` steps each rank waits for its handles and records its resident memory
-(``/proc/self/statm``), open descriptors (``/proc/self/fd``), threads (``threading.active_count`` and
+(``/proc/self/statm``; its private and shared parts from ``/proc/self/status``), open descriptors (``/proc/self/fd``), threads (``threading.active_count`` and
 ``/proc/self/status``) and the number of objects the garbage collector tracks. Each rank writes
 ``OUT.rankR``; rank 0 then merges them into ``OUT`` and prints the summary of :mod:`soak_summary`
-(its verdict against the pass criteria). Exit status 0 when every check passed, 1 otherwise.
+(its verdict against the pass criteria). Exit status 0 when every check passed, 1 otherwise. glibc's
+``M_MMAP_THRESHOLD`` is fixed at ``--mmap-threshold`` (docs/soak.md says why).
 """
 from __future__ import annotations
 
