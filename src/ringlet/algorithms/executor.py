@@ -313,14 +313,17 @@ class _PlanBuilder:
 
 
 def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:
+    """``elems`` elements of ``like``'s dtype: a view of the workspace's one byte buffer per device (kept
+    at the largest size asked for, whatever the dtype), or a fresh tensor without a workspace."""
     if workspace is None:
         return torch.empty(elems, dtype=like.dtype, device=like.device)
-    key = (like.dtype, like.device)
+    key = ("executor.scratch", like.device)
+    nbytes = elems * like.element_size()
     buf = workspace.get(key)
-    if buf is None or buf.numel() < elems:
-        buf = torch.empty(elems, dtype=like.dtype, device=like.device)
+    if buf is None or buf.numel() < nbytes:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
         workspace[key] = buf
-    return buf[:elems]
+    return buf[:nbytes].view(like.dtype)
 
 
 def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
