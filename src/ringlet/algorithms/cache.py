@@ -70,8 +70,9 @@ class SizeBoundedCache:
 
 
 #: Every cached schedule builder's results: 256 MiB in all, none above 64 MiB (a ring all-reduce of
-#: 1,024 ranks weighs about 2 MB, so dozens of them fit).
-SCHEDULES = SizeBoundedCache(256 << 20, max_item_bytes=64 << 20, max_entries=1024)
+#: 1,024 ranks weighs about 2 MB, so dozens of them fit), at most 256 schedules (``nbytes`` counts the
+#: arrays, not the Python objects around them, which dominate small schedules).
+SCHEDULES = SizeBoundedCache(256 << 20, max_item_bytes=64 << 20, max_entries=256)
 
 
 def memoise(cache: SizeBoundedCache, weigh: Callable[[object, tuple], int]) -> Callable[[Callable], Callable]:

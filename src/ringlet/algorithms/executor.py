@@ -68,7 +68,7 @@ class _Run:
 
 #: Compiled plans: 128 MiB in all, none above 32 MiB. A plan is weighed with its schedule (its key
 #: keeps the schedule alive) plus an estimate per message and action (slotted objects and tuples).
-PLANS = SizeBoundedCache(128 << 20, max_item_bytes=32 << 20, max_entries=512)
+PLANS = SizeBoundedCache(128 << 20, max_item_bytes=32 << 20, max_entries=256)
 _MSG_BYTES, _ACTION_BYTES = 160, 100
 
 
