@@ -130,7 +130,7 @@ def test_the_earliest_death_record_names_the_cause():
     late = Verdict(2, "h2", exit_reason(1), 200.0, "dead")
     first = Verdict(1, "h1", exit_reason(128 + 9), 100.0, "dead")
     for v in (late, first):
-        store.set(K.dead("job", v.rank), v.encode())
+        store.set(K.of_rank("job", K.DEAD, v.rank), v.encode())
         store.append(K.dead_list("job"), f"{v.rank},")
     try:
         assert wait_for(lambda: 0 in found)
@@ -149,7 +149,7 @@ def test_explain_waits_for_the_record_that_names_a_reset():
     def publish():
         time.sleep(0.3)
         v = Verdict(1, "h1", exit_reason(137), time.time(), "dead")
-        store.set(K.dead("job", 1), v.encode())
+        store.set(K.of_rank("job", K.DEAD, 1), v.encode())
         store.append(K.dead_list("job"), "1,")
 
     threading.Thread(target=publish).start()
@@ -217,8 +217,8 @@ def test_deathwatch_publishes_exit_records_and_reports_the_silent_rank(tmp_path)
     try:
         (tmp_path / "exit-2.json").write_text(json.dumps({"rank": 2, "status": 137, "time": 5.0, "host": "h2"}))
         job = f"{K.ROOT}/run1/0"
-        assert wait_for(lambda: server.check([K.dead(job, 2)]))
-        assert Verdict.decode(server.get(K.dead(job, 2))).reason == "was killed by SIGKILL"
+        assert wait_for(lambda: server.check([K.of_rank(job, K.DEAD, 2)]))
+        assert Verdict.decode(server.get(K.of_rank(job, K.DEAD, 2))).reason == "was killed by SIGKILL"
         silent = Verdict(1, "h1", "fell silent: no heartbeat for 20 s", 4.0)
         server.set(K.verdict(K.session_prefix(job, 0)), silent.encode())
         assert wait_for(lambda: dw.culprit() == silent)  # earlier than the death record

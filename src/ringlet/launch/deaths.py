@@ -90,7 +90,7 @@ class DeathWatch:
             self._published.add(p.name)
             v = Verdict(int(rec["rank"]), str(rec.get("host", "?")), exit_reason(int(rec["status"])),
                         float(rec["time"]), "dead")
-            self._store.set(K.dead(self.job, v.rank), v.encode())
+            self._store.set(K.of_rank(self.job, K.DEAD, v.rank), v.encode())
             self._store.append(K.dead_list(self.job), f"{v.rank},")
 
     def _read_verdicts(self) -> None:
@@ -98,7 +98,7 @@ class DeathWatch:
         if self._store.check([dead]):
             for r in {int(x) for x in self._store.get(dead).decode().split(",") if x.strip()}:
                 if ("dead", r) not in self._verdicts:
-                    self._verdicts[("dead", r)] = Verdict.decode(self._store.get(K.dead(self.job, r)))
+                    self._verdicts[("dead", r)] = Verdict.decode(self._store.get(K.of_rank(self.job, K.DEAD, r)))
         for s in range(SESSIONS):
             if s in self._verdicts:
                 continue

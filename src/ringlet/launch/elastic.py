@@ -161,7 +161,7 @@ class Driver:
         _say(f"worker {w.wid} (rank {w.rank} of generation {self.gen}) exited with status {w.status}.")
         death = Verdict(w.rank, self.host, exit_reason(w.status), time.time(), "dead")
         prefix = LK.session_prefix(LK.job_prefix({}), self.gen)
-        self.store.set(LK.dead(prefix, w.rank), death.encode())
+        self.store.set(LK.of_rank(prefix, LK.DEAD, w.rank), death.encode())
         self.store.append(LK.dead_list(prefix), f"{w.rank},")
         if self.restarts_left > 0:
             self.restarts_left -= 1

@@ -25,25 +25,17 @@ def session_prefix(job: str, session: int) -> str:
     return f"{job}/s{session}"
 
 
-def heartbeat(prefix: str, rank: int) -> str:
-    return f"{prefix}/hb/{rank}"
+HEARTBEAT, HOST, DONE, DEAD = "hb", "host", "done", "dead"
 
 
-def host(prefix: str, rank: int) -> str:
-    return f"{prefix}/host/{rank}"
-
-
-def done(prefix: str, rank: int) -> str:
-    return f"{prefix}/done/{rank}"
+def of_rank(prefix: str, kind: str, rank: int) -> str:
+    """The key of ``kind`` (:data:`HEARTBEAT`, :data:`HOST`, :data:`DONE` or :data:`DEAD`) of ``rank``."""
+    return f"{prefix}/{kind}/{rank}"
 
 
 def verdict(prefix: str) -> str:
     return f"{prefix}/verdict"
 
 
-def dead(job: str, rank: int) -> str:
-    return f"{job}/dead/{rank}"
-
-
 def dead_list(job: str) -> str:
-    return f"{job}/dead"
+    return f"{job}/{DEAD}"

@@ -46,8 +46,8 @@ class Monitor:
     # ---- life cycle ---------------------------------------------------------------------
     def start(self) -> "Monitor":
         self._store = self._connect()
-        self._store.set(K.host(self.prefix, self.rank), self.host)
-        self._store.add(K.heartbeat(self.prefix, self.rank), 1)
+        self._store.set(K.of_rank(self.prefix, K.HOST, self.rank), self.host)
+        self._store.add(K.of_rank(self.prefix, K.HEARTBEAT, self.rank), 1)
         now = time.monotonic()
         self._seen = {r: (None, now) for r in self.watched}
         self._last_ok = now
@@ -63,7 +63,7 @@ class Monitor:
             self._thread.join(timeout=self.options.interval + 5.0)
         if clean and self.verdict is None and self._store is not None:
             try:
-                self._store.set(K.done(self.prefix, self.rank), "1")
+                self._store.set(K.of_rank(self.prefix, K.DONE, self.rank), "1")
             except Exception:  # noqa: BLE001 - leaving; the others may already be gone
                 pass
 
@@ -83,7 +83,7 @@ class Monitor:
 
     def _round(self) -> None:
         st = self._store
-        st.add(K.heartbeat(self.prefix, self.rank), 1)
+        st.add(K.of_rank(self.prefix, K.HEARTBEAT, self.rank), 1)
         if self._on_beat is not None:
             try:
                 self._on_beat()
@@ -107,14 +107,14 @@ class Monitor:
         if not self._store.check([key]):
             return None
         ranks = sorted({int(x) for x in self._store.get(key).decode().split(",") if x.strip()})
-        recs = [Verdict.decode(self._store.get(K.dead(self.job, r))) for r in ranks]
+        recs = [Verdict.decode(self._store.get(K.of_rank(self.job, K.DEAD, r))) for r in ranks]
         return min(recs, key=lambda v: v.time) if recs else None
 
     def _check_watched(self) -> Verdict | None:
         if not self.watched:
             return None
         now = time.monotonic()
-        hb = [K.heartbeat(self.prefix, r) for r in self.watched]
+        hb = [K.of_rank(self.prefix, K.HEARTBEAT, r) for r in self.watched]
         if self._store.check(hb):
             values = [int(v) for v in self._store.multi_get(hb)]
         else:
@@ -127,7 +127,7 @@ class Monitor:
             elif now - since > self.options.peer_timeout:
                 silent.append((r, now - since))
         for r, age in silent:
-            if self._store.check([K.done(self.prefix, r)]):
+            if self._store.check([K.of_rank(self.prefix, K.DONE, r)]):
                 self.watched.remove(r)
                 continue
             return self._declare(r, age)
@@ -140,7 +140,7 @@ class Monitor:
 
     def _host_of(self, r: int) -> str:
         if r not in self._hosts:
-            key = K.host(self.prefix, r)
+            key = K.of_rank(self.prefix, K.HOST, r)
             self._hosts[r] = self._store.get(key).decode() if self._store.check([key]) else "?"
         return self._hosts[r]
 

@@ -12,6 +12,7 @@ connection closed and :class:`AuthError` on the other side; nothing it sent is i
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 
 from .secret import MAC_BYTES, NONCE_BYTES, new_nonce, prove, verify
@@ -37,12 +38,26 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> None:
-    """Authenticate the client on ``sock`` (the server's side); raise :class:`AuthError` if it fails.
-    The socket's own timeout is restored afterwards."""
+@contextlib.contextmanager
+def _exchange(sock: socket.socket, timeout: float, broke_off: str):
+    """Run one side of the handshake under ``timeout``: socket errors become :class:`AuthError`
+    (``broke_off`` says whose), and the socket's own timeout is restored afterwards."""
     old = sock.gettimeout()
     sock.settimeout(timeout)
     try:
+        yield
+    except AuthError:
+        raise
+    except (OSError, ConnectionError) as exc:
+        raise AuthError(f"{broke_off}: {exc}") from exc
+    finally:
+        sock.settimeout(old)
+
+
+def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> None:
+    """Authenticate the client on ``sock`` (the server's side); raise :class:`AuthError` if it fails.
+    The socket's own timeout is restored afterwards."""
+    with _exchange(sock, timeout, "the client broke off the handshake"):
         ns = new_nonce()
         sock.sendall(MAGIC + ns)
         reply = recv_exact(sock, NONCE_BYTES + MAC_BYTES)
@@ -50,20 +65,12 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0) 
         if not verify(secret, answer, CLIENT_ROLE, ns, nc):
             raise AuthError("the client did not prove the job's secret")
         sock.sendall(prove(secret, SERVER_ROLE, nc, ns))
-    except (OSError, ConnectionError) as exc:
-        if isinstance(exc, AuthError):
-            raise
-        raise AuthError(f"the client broke off the handshake: {exc}") from exc
-    finally:
-        sock.settimeout(old)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> None:
     """Authenticate to the server on ``sock`` and check that it holds the secret too; raise
     :class:`AuthError` if either fails."""
-    old = sock.gettimeout()
-    sock.settimeout(timeout)
-    try:
+    with _exchange(sock, timeout, "the server refused the job's secret or broke off the handshake"):
         hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
         if hello[:len(MAGIC)] != MAGIC:
             raise AuthError("the server does not speak ringlet's authenticated protocol")
@@ -71,9 +78,3 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float = 10.0) 
         sock.sendall(nc + prove(secret, CLIENT_ROLE, ns, nc))
         if not verify(secret, recv_exact(sock, MAC_BYTES), SERVER_ROLE, nc, ns):
             raise AuthError("the server did not prove the job's secret")
-    except (OSError, ConnectionError) as exc:
-        if isinstance(exc, AuthError):
-            raise
-        raise AuthError(f"the server refused the job's secret or broke off the handshake: {exc}") from exc
-    finally:
-        sock.settimeout(old)

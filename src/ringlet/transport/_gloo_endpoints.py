@@ -7,9 +7,10 @@ An endpoint is ``(ip, port)`` with ``ip`` in the text form :func:`socket.inet_nt
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from dataclasses import dataclass
+
+from ._sockets import socket_fds
 
 Endpoint = tuple  # (ip text, port)
 
@@ -64,19 +65,7 @@ def tcp_table(inodes=None) -> list[Connection]:
 
 def socket_inodes() -> dict[int, int]:
     """This process's socket descriptors: inode -> fd."""
-    out: dict[int, int] = {}
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out[int(target[8:-1])] = int(name)
-    return out
+    return {int(target[8:-1]): fd for fd, target in socket_fds().items() if target.startswith("socket:[")}
 
 
 def own_connections() -> list[tuple[Connection, int]]:

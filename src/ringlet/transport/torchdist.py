@@ -81,13 +81,10 @@ class TorchHandle(Handle):
 
     def __init__(self, work, rank: int, peer: int | None, tag: int | None, what: str, buf: torch.Tensor,
                  owner: "TorchTransport | None" = None):
-        self.owner = owner
-        self.work = work
-        self.rank = rank
-        self.peer = peer
-        self.tag = tag
-        self.what = what
-        self.buf = buf  # keeps the memory alive while the backend may still touch it
+        # ``buf`` keeps the memory alive while the backend may still touch it; ``owner``: the transport
+        # (its abort error names the culprit, and it tracks which threads are blocked in a wait).
+        self.work, self.rank, self.peer, self.tag, self.what, self.buf, self.owner = (
+            work, rank, peer, tag, what, buf, owner)
 
     def wait(self, timeout: float | None = None) -> None:
         owner = self.owner
