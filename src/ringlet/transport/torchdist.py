@@ -18,9 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 import threading
-import time
 
 import torch
 
@@ -28,6 +26,7 @@ from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
 from ._gloo_guard import creating_gloo, secure_gloo
 from ._gloo_watch import check_strangers as _check_strangers
 from ._sockets import SocketSet
+from ._waiter import Waiter
 from .base import Handle, PostingTransport, nbytes
 
 log = logging.getLogger(__name__)
@@ -51,9 +50,7 @@ def _is_timeout(exc: BaseException) -> bool:
 
 # Sockets of the Gloo groups this process made (see ``_sockets``): shut down by ``TorchTransport.abort``.
 gloo_sockets = SocketSet()
-# Seconds a wait may stay blocked after the transport was aborted before the process gives up (see
-# ``TorchTransport.abort``).
-STUCK_AFTER_ABORT = 15.0
+_waiter = Waiter()  # blocking waits that an abort interrupts (see ``_waiter``)
 
 
 def _translate(exc: BaseException, rank: int, what: str, peer: int | None, tag: int | None,
@@ -82,27 +79,30 @@ class TorchHandle(Handle):
     def __init__(self, work, rank: int, peer: int | None, tag: int | None, what: str, buf: torch.Tensor,
                  owner: "TorchTransport | None" = None):
         # ``buf`` keeps the memory alive while the backend may still touch it; ``owner``: the transport
-        # (its abort error names the culprit, and it tracks which threads are blocked in a wait).
+        # (its abort releases the wait, and its error names the culprit).
         self.work, self.rank, self.peer, self.tag, self.what, self.buf, self.owner = (
             work, rank, peer, tag, what, buf, owner)
 
     def wait(self, timeout: float | None = None) -> None:
-        owner = self.owner
-        me = threading.get_ident()
-        if owner is not None:
-            owner.waiting[me] = self
+        work, owner = self.work, self.owner
+        if timeout is None:
+            job = work.wait
+        else:
+            # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
+            limit = datetime.timedelta(seconds=max(timeout, 1e-3))
+
+            def job():
+                work.wait(timeout=limit)
         try:
-            if timeout is None:
-                self.work.wait()
+            if owner is None:
+                job()
             else:
-                # A zero timedelta means "no timeout" to c10d; never pass it for a real deadline.
-                self.work.wait(timeout=datetime.timedelta(seconds=max(timeout, 1e-3)))
+                _waiter.wait(job, owner.aborted_or_none)
+        except PeerError:
+            raise
         except Exception as exc:  # noqa: BLE001 - translated to ringlet's error types
             aborted = owner.aborted if owner is not None else None
             raise _translate(exc, self.rank, self.what, self.peer, self.tag, timeout, aborted) from exc
-        finally:
-            if owner is not None:
-                owner.waiting.pop(me, None)
 
     def done(self) -> bool:
         return self.work.is_completed()
@@ -187,7 +187,6 @@ class TorchTransport(PostingTransport):
         self._closed = False
         self.aborted: PeerError | None = None
         self._post_lock = threading.Lock()
-        self.waiting: dict[int, TorchHandle] = {}  # thread id -> the handle it is blocked on
         # group ranks tuple -> process group (None means the default group); CPU and CUDA flavours.
         world = self._world = tuple(range(self.size))
         self._cpu_groups: dict[tuple[int, ...], object] = {world: None}
@@ -263,33 +262,23 @@ class TorchTransport(PostingTransport):
         if self._closed:
             raise PeerError(f"rank {self.rank}: the torch transport has been closed")
 
+    def aborted_or_none(self) -> PeerError | None:
+        """A fresh copy of the abort error, or None while the transport is not aborted."""
+        return None if self.aborted is None else self.aborted_error()
+
     def abort(self, error: PeerError) -> None:
         """Fail every pending and later operation with ``error`` (a silent peer was found).
 
-        No Python call interrupts a Gloo wait, but Gloo fails the operations pending on a connection
-        that errors: the connections of the Gloo groups ringlet made are shut down once no operation
-        can be posted any more (posting and aborting exclude each other), so every pending wait
-        returns at once with the error and every later post raises it. As a last resort against a
-        wait that still does not return, the process prints the error and exits with status 1 after
-        :data:`STUCK_AFTER_ABORT` seconds, so that a rank never hangs silently."""
+        No Python call interrupts a Gloo wait, and Gloo does not always fail the operations pending on
+        a connection that goes away: waits run on a helper thread per caller (``_waiter``), and the
+        caller stops waiting and raises ``error`` within a quarter of a second. Posting and aborting
+        exclude each other, then the connections of the Gloo groups ringlet made are shut down, so
+        the peers' pending operations fail too."""
         with self._post_lock:
             if self.aborted is not None:
                 return
             self.aborted = error
         gloo_sockets.shutdown_connections()
-        threading.Thread(target=self._exit_if_stuck, name="ringlet-abort", daemon=True).start()
-
-    def _exit_if_stuck(self) -> None:
-        time.sleep(STUCK_AFTER_ABORT)
-        stuck = list(self.waiting.values())
-        if not stuck:
-            return
-        h = stuck[0]
-        msg = (f"ringlet: {self.aborted}\nringlet: rank {self.rank}: its {h.what} with peer rank {h.peer} did not "
-               f"return {STUCK_AFTER_ABORT:.0f} s after the transport was aborted; exiting with status 1.")
-        log.error(msg)
-        print(msg, file=sys.stderr, flush=True)
-        os._exit(1)
 
     def check_strangers(self) -> list:
         """Report and refuse connections to this process's Gloo listeners that are not the job's
