@@ -9,7 +9,8 @@ Each trial runs ``ringlet run --cluster -np 4 -- python benchmarks/liveness_work
 emulated host), waits until every rank is in its loop, injects the fault into the victim (ranks 1-3 in
 turn) and bounds the job by ``--bound`` seconds. A trial passes when every survivor raised a
 ``PeerError`` naming the victim within the limit (30 s, 10 s for kill -9), the launcher exited non-zero
-and nothing hung. ``--control`` throttles one host to 0.1 CPU and all-reduces 256 MiB: nothing may raise.
+and nothing hung. ``--control`` throttles one host to 0.1 CPU (``--cpus``) and all-reduces 256 MiB (``--big-mib``):
+nothing may raise.
 """
 from __future__ import annotations
 
@@ -105,8 +106,8 @@ def trial(kind: str, victim: int, bound: float, env: dict) -> dict:
             "launcher_culprit": [ln for ln in text.splitlines() if ln.startswith("ringlet run:")][-4:]}
 
 
-def control(bound: float, env: dict, cpus: float) -> dict:
-    """One host throttled to ``cpus`` CPU, a 256 MiB all-reduce at the cluster's link rate."""
+def control(bound: float, env: dict, cpus: float, mib: float) -> dict:
+    """One host throttled to ``cpus`` CPU, an all-reduce of ``mib`` MiB at the cluster's link rate."""
     from ringlet.cluster import state as st
 
     s = st.load()
@@ -120,12 +121,12 @@ def control(bound: float, env: dict, cpus: float) -> dict:
     out = tempfile.mkdtemp(prefix="liveness-control-")
     try:
         t0 = time.time()
-        proc = launch(out, ["--control"], env)
+        proc = launch(out, ["--control", "--big-mib", str(mib)], env)
         rc, text, hung = finish(proc, bound)
     finally:
         path.write_text(old)
     res = results(out)
-    return {"kind": "control", "cpus": cpus, "rc": rc, "hung": hung, "seconds": time.time() - t0,
+    return {"kind": "control", "cpus": cpus, "mib": mib, "rc": rc, "hung": hung, "seconds": time.time() - t0,
             "ok": rc == 0 and not hung and len(res) == NP and all(v["ok"] for v in res.values()),
             "values": {r: v.get("value") for r, v in res.items()}, "tail": text[-1500:] if rc else ""}
 
@@ -137,11 +138,12 @@ def main() -> int:
     p.add_argument("--bound", type=float, default=120.0, help="seconds after the fault a job may take")
     p.add_argument("--control", action="store_true")
     p.add_argument("--cpus", type=float, default=0.1)
+    p.add_argument("--big-mib", type=float, default=256.0, help="--control: size of the all-reduce")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     env = {"RINGLET_TIMEOUT": "300"}
     if a.control:
-        rows = [control(600.0, env, a.cpus)]
+        rows = [control(600.0, env, a.cpus, a.big_mib)]
     else:
         rows = []
         for i in range(a.trials):
