@@ -92,8 +92,21 @@ def resources(step: int, t0: float) -> dict:
     kib = {k: int(status[k].split()[0]) << 10 for k in ("RssAnon", "RssFile", "RssShmem")}
     return {"step": step, "seconds": round(time.monotonic() - t0, 3), "rss": rss,
             "rss_private": kib["RssAnon"] + kib["RssFile"], "rss_shmem": kib["RssShmem"],
-            "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
+            "fds": open_fds(), "threads": threading.active_count(),
             "threads_os": int(status["Threads"]), "gc_objects": len(gc.get_objects())}
+
+
+def open_fds() -> int:
+    """Open descriptors, not counting files of ``/proc`` being read at that moment (the listing's own,
+    and the liveness monitor's read of ``/proc/net/tcp`` every second on another thread)."""
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        n += not target.startswith("/proc/")
+    return n
 
 
 def fixed_mmap_threshold(nbytes: int) -> None:
