@@ -68,17 +68,24 @@ def build(case: Case, rank: int, c: Call):
     """The argument rank ``rank`` passes: its values laid out as ``c.layout`` says."""
     if c.layout == "meta":
         return torch.empty(c.shape, dtype=c.dtype, device="meta")
-    t = values(case, rank, c)
-    if c.layout == "notensor":
+    return lay_out(values(case, rank, c), c.layout)
+
+
+def lay_out(t: torch.Tensor, layout: str):
+    """``t``'s values as ``layout`` says: the tensor, a list, or a non-contiguous view (transposed,
+    every other row of a larger tensor, one value expanded), or a ``meta`` tensor of its shape."""
+    if layout == "meta":
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+    if layout == "notensor":
         return t.tolist()
-    if c.layout == "transposed":
+    if layout == "transposed":
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if c.layout == "strided":
-        base = torch.zeros((2 * c.shape[0],) + tuple(c.shape[1:]), dtype=c.dtype)
+    if layout == "strided":
+        base = torch.zeros((2 * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
         base[::2] = t
         return base[::2]
-    if c.layout == "expanded":
-        return t.reshape(-1)[:1].reshape(()).expand(c.shape)
+    if layout == "expanded":
+        return t.reshape(-1)[:1].reshape(()).expand(t.shape)
     return t
 
 

@@ -24,7 +24,7 @@ def check_case(case: Case) -> None:
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
-@fuzz_settings(25)
+@fuzz_settings(60)
 @given(data=st.data())
 def test_clean_calls_match_reference(p, data):
     """No faults: every rank returns the reference."""
@@ -32,7 +32,7 @@ def test_clean_calls_match_reference(p, data):
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 7])
-@fuzz_settings(20)
+@fuzz_settings(40)
 @given(data=st.data())
 def test_any_calls_reference_or_clear_error(p, data):
     """Half the cases with faults, on some ranks or all: reference, or a clear error on every rank."""
