@@ -124,8 +124,11 @@ def _scales(d: Draw, dtype, op) -> tuple[float, float]:
     return d.pick(pool), d.pick(pool)
 
 
-def draw_case(d: Draw, p: int, *, faults: bool = True, algos: tuple = tuple(ALGO_SPELLINGS)) -> Case:
-    """A case on ``p`` ranks; ``faults``: may break it (about half the cases); ``algos``: the canonical
+def draw_case(d: Draw, p: int, *, faults: bool = True, partial: bool = True,
+              algos: tuple = tuple(ALGO_SPELLINGS)) -> Case:
+    """A case on ``p`` ranks; ``faults``: may break it (about half the cases); ``partial``: local faults
+    may hit some members only and members may sit out, which leaves the others to time out (off for
+    transports where a timeout ends the job: Gloo closes the connection); ``algos``: the canonical
     all-reduce algorithms to draw from (``"native"`` only where the transport has one)."""
     kind = d.pick(KINDS)
     group = p >= 2 and d.chance(1, 4)
@@ -156,8 +159,9 @@ def draw_case(d: Draw, p: int, *, faults: bool = True, algos: tuple = tuple(ALGO
         calls.append(c)
     case = Case(p, d.int(0, 2 ** 31 - 1), members, group, dtype.is_floating_point and d.chance(1, 3), tuple(calls))
     if faults and d.chance(1, 2):
-        for _ in range(d.int(1, 2)):
-            case = add_fault(d, case)
+        case = add_fault(d, case, partial=partial)
+        if d.chance(1, 3):  # a second fault: a local one, so that it cannot undo the first
+            case = add_fault(d, case, local_only=True, partial=partial)
     return case
 
 
@@ -254,20 +258,21 @@ def _cross_fault(d: Draw, kind: str, c: Call, case: Case, name: str) -> Call:
     return replace(c, calls=False)  # "skip"
 
 
-def add_fault(d: Draw, case: Case) -> Case:
-    """``case`` with one more fault on some members: a local one, or a cross-rank difference."""
+def add_fault(d: Draw, case: Case, *, local_only: bool = False, partial: bool = True) -> Case:
+    """``case`` with one more fault on some members: a local one, or (unless ``local_only``) a cross-rank
+    difference. ``partial``: see :func:`draw_case`."""
     kind = case.calls[case.members[0]].kind
     cross = ["kind"] + (["shape", "dtype"] if kind != "barrier" else [])
     cross += ["op"] if kind in REDUCING else []
     cross += ["algo"] if kind in ("allreduce", "allgather") and len(case.members) > 1 else []
     cross += ["root"] if kind in ("broadcast", "reduce") and len(case.members) > 1 else []
     cross += ["scale"] if kind in ("allreduce", "reduce_scatter") else []
-    cross += ["skip"] if len(case.members) > 1 and d.chance(1, 4) else []
+    cross += ["skip"] if partial and len(case.members) > 1 and d.chance(1, 4) else []
     local = d.chance(1, 2)
-    if len(case.members) == 1:
+    if len(case.members) == 1 or local_only:
         local = True
     name = "local" if local else d.pick(cross)
-    who = _who(d, case)
+    who = _who(d, case) if partial or not local else list(case.members)
     if not local and len(who) == len(case.members):
         who = who[:-1]  # a cross-rank difference needs a rank that keeps the original
     calls, local_ranks, labels = list(case.calls), set(case.local), []

@@ -173,11 +173,13 @@ def _show(t) -> str:
     return f"{t.dtype} {list(t.shape)} {t.reshape(-1)[:8].tolist()}"
 
 
-def rank_body(case: Case, rank: int) -> dict:
+def rank_body(case: Case, rank: int, *, fresh_group: bool = False) -> dict:
     """Run ``case`` on ``rank`` (the calling thread's or process's runtime); the outcome as a dict:
     ``status`` (ok, err, skip), ``error`` (type: message), ``local`` (the error is a local argument
-    error), ``problems`` (what was wrong with a returned result or with the world afterwards)."""
-    group = ringlet.new_group(case.members) if case.group else None
+    error), ``problems`` (what was wrong with a returned result or with the world afterwards).
+    ``fresh_group``: run on a new group even when the case uses the whole world (a long-lived world
+    whose earlier cases may have left ranks out of step)."""
+    group = ringlet.new_group(case.members) if case.group or fresh_group else None
     c = case.calls[rank]
     if not c.calls:
         return {"status": "skip", "problems": []}
