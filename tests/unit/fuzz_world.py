@@ -4,7 +4,7 @@ as a hang).
 
 ``RINGLET_FUZZ_EXAMPLES`` multiplies the default number of examples of every fuzz test (a long
 campaign: ``RINGLET_FUZZ_EXAMPLES=10``); ``RINGLET_FUZZ_TIMEOUT`` is each collective's timeout in seconds
-(default 2: cases where a rank sits out or fails locally end in the others' CollectiveTimeout).
+(default 1: cases where a rank sits out or fails locally end in the others' CollectiveTimeout).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ringlet.transport.inproc import InprocWorld
 from ringlet.types import Options
 
 SCALE = max(1, int(os.environ.get("RINGLET_FUZZ_EXAMPLES", "1") or "1"))
-OP_TIMEOUT = float(os.environ.get("RINGLET_FUZZ_TIMEOUT", "2") or "2")
+OP_TIMEOUT = float(os.environ.get("RINGLET_FUZZ_TIMEOUT", "1") or "1")
 HANG_LIMIT = 60.0  # a world still running after this long is a hang
 
 
