@@ -15,7 +15,7 @@ from mp_jobs import job_report, load_rank_files, require_transport, run_job, wor
 SCALE = max(1, int(os.environ.get("RINGLET_FUZZ_EXAMPLES", "1") or "1"))
 SEED = int(os.environ.get("RINGLET_FUZZ_SEED", "20") or "20")
 CASES = 30 * SCALE
-OP_TIMEOUT = "3"  # seconds: a rank left waiting by one that sat out or failed locally raises after this
+OP_TIMEOUT = "5"  # seconds: a rank left waiting by one that sat out or failed locally raises after this
 
 
 @pytest.mark.multiproc

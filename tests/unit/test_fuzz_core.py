@@ -10,7 +10,7 @@ import pytest
 import torch
 from fuzz_cases import Call, Case, draw_case
 from fuzz_run import judge, rank_body
-from fuzz_world import HypothesisDraw, fuzz_settings, run_ranks
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,7 +18,8 @@ from ringlet.types import ReduceOp
 
 
 def check_case(case: Case) -> None:
-    outcomes = run_ranks(case.p, lambda r: rank_body(case, r))
+    limit = CLEAN_TIMEOUT if case.clean else OP_TIMEOUT
+    outcomes = run_ranks(case.p, lambda r: rank_body(case, r), timeout=limit)
     problems = [p for r, res in enumerate(outcomes) for p in judge(case, r, res)]
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 

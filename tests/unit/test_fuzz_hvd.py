@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from fuzz_hvd import HCall, HCase, draw_hcase, hvd_judge, hvd_rank_body
-from fuzz_world import OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,9 +19,9 @@ STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 
 @pytest.fixture(scope="module", autouse=True)
 def stall_shutdown():
-    """Names some ranks never submit end in HorovodInternalError after a short while."""
+    """Names some ranks never submit end in HorovodInternalError (after the case's timeout: each case
+    sets it); the variable is restored after the module."""
     old = os.environ.get(STALL_SHUTDOWN)
-    os.environ[STALL_SHUTDOWN] = str(OP_TIMEOUT)
     yield
     if old is None:
         os.environ.pop(STALL_SHUTDOWN, None)
@@ -37,7 +37,9 @@ def check_hcase(case: HCase) -> None:
         finally:
             hvd.shutdown()
 
-    outcomes = run_ranks(case.p, body)
+    limit = CLEAN_TIMEOUT if case.clean else OP_TIMEOUT
+    os.environ[STALL_SHUTDOWN] = str(limit)  # read by hvd.init() on every rank
+    outcomes = run_ranks(case.p, body, timeout=limit)
     problems = [p for r, res in enumerate(outcomes) for p in hvd_judge(case, r, res)]
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 
