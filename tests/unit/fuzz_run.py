@@ -73,18 +73,19 @@ def build(case: Case, rank: int, c: Call):
 
 def lay_out(t: torch.Tensor, layout: str):
     """``t``'s values as ``layout`` says: the tensor, a list, or a non-contiguous view (transposed,
-    every other row of a larger tensor, one value expanded), or a ``meta`` tensor of its shape."""
+    every other row of a larger tensor, one value expanded), or a ``meta`` tensor of its shape. A view
+    the tensor's shape does not allow (a transposed vector, an expanded empty tensor) leaves it as is."""
     if layout == "meta":
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
     if layout == "notensor":
         return t.tolist()
-    if layout == "transposed":
+    if layout == "transposed" and t.dim() >= 2:
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if layout == "strided":
+    if layout == "strided" and t.dim() >= 1:
         base = torch.zeros((2 * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
         base[::2] = t
         return base[::2]
-    if layout == "expanded":
+    if layout == "expanded" and t.numel() > 0:
         return t.reshape(-1)[:1].reshape(()).expand(t.shape)
     return t
 

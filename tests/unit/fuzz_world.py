@@ -4,7 +4,7 @@ as a hang).
 
 ``RINGLET_FUZZ_EXAMPLES`` multiplies the default number of examples of every fuzz test (a long
 campaign: ``RINGLET_FUZZ_EXAMPLES=10``); ``RINGLET_FUZZ_TIMEOUT`` is each collective's timeout in seconds
-in cases with faults (default 1: cases where a rank sits out or fails locally end in the others'
+in cases with faults (default 2: cases where a rank sits out or fails locally end in the others'
 CollectiveTimeout). Clean cases, which must not time out, run with ``CLEAN_TIMEOUT`` (30 s), so that a
 loaded machine cannot fail them.
 """
@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 import ringlet
 from ringlet.runtime import Runtime
 from ringlet.transport.inproc import InprocWorld
-from ringlet.types import Options
+from ringlet.types import Options, RingletError
 
 SCALE = max(1, int(os.environ.get("RINGLET_FUZZ_EXAMPLES", "1") or "1"))
-OP_TIMEOUT = float(os.environ.get("RINGLET_FUZZ_TIMEOUT", "1") or "1")
+OP_TIMEOUT = float(os.environ.get("RINGLET_FUZZ_TIMEOUT", "2") or "2")
 CLEAN_TIMEOUT = 30.0
 HANG_LIMIT = 90.0  # a world still running after this long is a hang
 
@@ -45,13 +45,17 @@ class HypothesisDraw(Draw):
 
 def run_ranks(p: int, fn, *, timeout: float = OP_TIMEOUT) -> list:
     """``fn(rank)`` on ``p`` in-process ranks, each with its own runtime (collective ``timeout``);
-    results in rank order. ``AssertionError`` naming the hang when some rank has not finished after
-    ``HANG_LIMIT`` seconds."""
+    results in rank order. A rank whose runtime could not start (its hostname exchange timed out on a
+    loaded machine) gives ``{"status": "setup"}`` (see :func:`usable`). ``AssertionError`` naming the
+    hang when some rank has not finished after ``HANG_LIMIT`` seconds."""
     opts = Options(timeout=timeout, tune="off")
     world = InprocWorld(p)
 
     def body(tr):
-        rt = Runtime(tr, opts)
+        try:
+            rt = Runtime(tr, opts)
+        except RingletError as exc:
+            return {"status": "setup", "error": f"{type(exc).__name__}: {exc}"}
         with ringlet.use_runtime(rt):
             try:
                 return fn(tr.rank)
@@ -61,4 +65,11 @@ def run_ranks(p: int, fn, *, timeout: float = OP_TIMEOUT) -> list:
     try:
         return world.run(body, timeout=HANG_LIMIT)
     except TimeoutError as exc:
+        if isinstance(exc, RingletError):
+            raise  # a rank's own error that escaped the case
         raise AssertionError(f"hang: {exc}") from None
+
+
+def usable(outcomes: list) -> bool:
+    """False when some rank could not even start (the example is discarded, not judged)."""
+    return not any(isinstance(o, dict) and o.get("status") == "setup" for o in outcomes)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from fuzz_cases import Call, Case, draw_case
 from fuzz_run import judge, rank_body
-from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks
-from hypothesis import given
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ringlet.types import ReduceOp
@@ -20,6 +20,8 @@ from ringlet.types import ReduceOp
 def check_case(case: Case) -> None:
     limit = CLEAN_TIMEOUT if case.clean else OP_TIMEOUT
     outcomes = run_ranks(case.p, lambda r: rank_body(case, r), timeout=limit)
+    if not usable(outcomes):
+        assume(False)  # a rank could not start: discard the example
     problems = [p for r, res in enumerate(outcomes) for p in judge(case, r, res)]
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 
@@ -33,7 +35,7 @@ def test_clean_calls_match_reference(p, data):
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 7])
-@fuzz_settings(40)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_any_calls_reference_or_clear_error(p, data):
     """Half the cases with faults, on some ranks or all: reference, or a clear error on every rank."""

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 from fuzz_hvd import HCall, HCase, draw_hcase, hvd_judge, hvd_rank_body
-from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks
-from hypothesis import given
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import ringlet.torch as hvd
@@ -31,7 +31,10 @@ def stall_shutdown():
 
 def check_hcase(case: HCase) -> None:
     def body(r):
-        hvd.init()
+        try:
+            hvd.init()
+        except Exception as exc:  # noqa: BLE001 - a coordinator that could not start on a loaded machine
+            return {"status": "setup", "error": f"{type(exc).__name__}: {exc}"}
         try:
             return hvd_rank_body(case, r)
         finally:
@@ -40,6 +43,8 @@ def check_hcase(case: HCase) -> None:
     limit = CLEAN_TIMEOUT if case.clean else OP_TIMEOUT
     os.environ[STALL_SHUTDOWN] = str(limit)  # read by hvd.init() on every rank
     outcomes = run_ranks(case.p, body, timeout=limit)
+    if not usable(outcomes):
+        assume(False)  # a rank could not start: discard the example
     problems = [p for r, res in enumerate(outcomes) for p in hvd_judge(case, r, res)]
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 
