@@ -84,3 +84,9 @@ def test_a_name_only_some_ranks_submit_ends_in_an_error():
 
 def test_meta_tensor_is_refused():
     check_hcase(_hcase(2, [HCall("allreduce", layout="meta")] * 2, ["meta@0", "meta@1"], {0, 1}))
+
+
+def test_reducescatter_with_min_is_refused_at_the_call():
+    """The contract: HorovodInternalError at the call (on every rank), nothing submitted."""
+    calls = [HCall("reducescatter", shapes=((4,),), op=hvd.Min)] * 3
+    check_hcase(_hcase(3, calls, ["op_bad@0", "op_bad@1", "op_bad@2"], {0, 1, 2}))
