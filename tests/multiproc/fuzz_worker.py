@@ -1,8 +1,8 @@
 """One rank of the real-process fuzz:
 
-    ringlet run -np N --transport T -- python tests/multiproc/fuzz_worker.py OUT SEED CASES
+    ringlet run -np N --transport T -- python tests/multiproc/fuzz_worker.py OUT SEED FIRST COUNT
 
-Every rank draws the same ``CASES`` cases from ``SEED`` (tests/unit/fuzz_cases.py and fuzz_hvd.py,
+Every rank draws the same cases ``FIRST`` to ``FIRST + COUNT - 1`` from ``SEED`` (tests/unit/fuzz_cases.py and fuzz_hvd.py,
 through ``random.Random``): core-API cases, and every third case one of the Horovod facade. Cases with
 faults make some ranks differ on purpose (another shape, dtype, op, root, algorithm, name or collective,
 a local argument error, sitting out). Each rank runs each case, judges its own outcome against the
@@ -65,7 +65,7 @@ def settle(out: str, i: int, rank: int, world: int, limit: float = 120.0) -> Non
 
 
 def main() -> int:
-    out, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    out, seed, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
     ringlet.init()
     rank, world = ringlet.rank(), ringlet.size()
@@ -73,7 +73,7 @@ def main() -> int:
     # waiting (faults hit every member or none; nobody sits out).
     partial = ringlet.init().transport.name != "torch"
     summary = {"rank": rank, "world": world, "seed": seed, "cases": [], "done": False}
-    for i in range(count):
+    for i in range(first, first + count):
         t0 = time.monotonic()
         try:
             rec = run_case(i, seed, rank, world, partial)

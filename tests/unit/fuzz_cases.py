@@ -252,8 +252,9 @@ def _cross_fault(d: Draw, kind: str, c: Call, case: Case, name: str) -> Call:
         which = d.pick(("pre", "post"))
         return replace(c, **{which: -2.0 * abs(getattr(c, which)) if getattr(c, which) == getattr(c, which) else 1.0})
     if name == "kind":
-        k = _other(d, kind, KINDS)
-        return replace(c, kind=k, form="sync", shape=c.shape or (1,), splits=None, op=ReduceOp.SUM,
+        k, shape = _other(d, kind, KINDS), c.shape or (1,)
+        splits = [shape[0]] + [0] * (len(case.members) - 1) if k == "alltoall" else None  # valid here
+        return replace(c, kind=k, form="sync", shape=shape, splits=splits, op=ReduceOp.SUM,
                        algorithm="auto", pre=1.0, post=1.0)
     return replace(c, calls=False)  # "skip"
 
