@@ -150,6 +150,8 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     rt = runtime()
     check = rt.options.check if check is None else bool(check)
     _check_tensor(tensor)
+    prescale_factor = args.scale_factor(prescale_factor, "prescale_factor")
+    postscale_factor = args.scale_factor(postscale_factor, "postscale_factor")
     red = reduction(op)
     g = _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
@@ -295,7 +297,7 @@ def _run_allgather(rt: Runtime, g: Group, tensor: torch.Tensor, algorithm: str, 
     if sizes is not None and not check:
         dim0s = list(sizes)  # the caller vouches for every member's first dimension
     else:
-        metas = agree.agree(ch, Meta.of("", Kind.ALLGATHER, tensor), check=rt.options.check)
+        metas = agree.agree(ch, Meta.of("", Kind.ALLGATHER, tensor, algorithm=algorithm), check=rt.options.check)
         # No records: every member's record equals this one, first dimension included.
         dim0s = [own] * g.size if metas is None else [m.shape[0] if m.shape else 1 for m in metas]
     out = ops.allgather_rows(ch, tensor, dim0s, algorithm)
@@ -360,6 +362,7 @@ def _reduce_scatter_submit(tensor, op, group, pre, post, sync) -> Work:
     _check_tensor(tensor)
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension (got a scalar).")
+    pre, post = args.scale_factor(pre, "prescale_factor"), args.scale_factor(post, "postscale_factor")
     red = reduction(op)
     g = _group(rt, group)
     buf = tensor.clone()

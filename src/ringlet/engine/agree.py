@@ -14,6 +14,7 @@ mismatch); elsewhere they exchange the records at once. A disagreement raises th
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import torch
 
@@ -59,18 +60,22 @@ def digest_agrees(ch: Channel, meta: Meta) -> bool:
 
 
 def _clipped(meta: Meta) -> Meta:
-    """The record with at most 16 dimensions (the rest folded into the last) and a name of at most 64
-    bytes, so that it fits a slot."""
+    """The record with at most 16 dimensions and a name of at most 64 bytes, so that it fits a slot.
+    What is cut keeps a fingerprint, so that records which differ only there still differ: dimensions
+    from the 15th on become their product followed by a negative entry (a crc of them), a long name
+    its first bytes followed by a crc of the whole."""
     if len(meta.shape) <= _MAX_DIMS and len(meta.name.encode()) <= _MAX_NAME:
         return meta
     shape = meta.shape
     if len(shape) > _MAX_DIMS:
         tail = 1
-        for s in shape[_MAX_DIMS - 1:]:
+        for s in shape[_MAX_DIMS - 2:]:
             tail *= s
-        shape = shape[:_MAX_DIMS - 1] + (tail,)
-    name = meta.name.encode()[:_MAX_NAME].decode(errors="ignore")
-    return dataclasses.replace(meta, name=name, shape=shape)
+        shape = shape[:_MAX_DIMS - 2] + (tail, -1 - zlib.crc32(repr(shape[_MAX_DIMS - 2:]).encode()))
+    name = meta.name.encode()
+    if len(name) > _MAX_NAME:
+        name = name[:_MAX_NAME - 9] + b"~" + b"%08x" % zlib.crc32(name)
+    return dataclasses.replace(meta, name=name.decode(errors="ignore"), shape=shape)
 
 
 def exchange_records(ch: Channel, meta: Meta) -> list[Meta]:

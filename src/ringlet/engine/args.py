@@ -10,9 +10,12 @@ from ..types import SUPPORTED_DTYPES, dtype_name
 
 
 def check_tensor(t, allowed: Sequence[torch.dtype] = SUPPORTED_DTYPES, *, sparse_hint: str = "densify them first") -> None:
-    """``t`` must be a dense, contiguous tensor of one of the ``allowed`` dtypes."""
+    """``t`` must be a dense, contiguous tensor with data (not on the ``meta`` device) of one of the
+    ``allowed`` dtypes."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"Expected a torch.Tensor, got {type(t).__name__}.")
+    if t.is_meta:
+        raise ValueError("Tensor is on the meta device (it has no data); pass a CPU or CUDA tensor.")
     if t.is_sparse:
         raise ValueError(f"Sparse tensors are not supported here; {sparse_hint}.")
     if t.dtype not in allowed:
@@ -40,6 +43,8 @@ def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
         sp = [int(s) for s in splits]
     except (TypeError, ValueError):
         raise ValueError(f"alltoall splits must be integers, got {splits!r}.") from None
+    if any(isinstance(s, bool) or s != i for s, i in zip(splits, sp)):
+        raise ValueError(f"alltoall splits must be integers, got {list(splits)!r}.")
     if len(sp) != p:
         raise ValueError(f"alltoall splits has {len(sp)} entries, but there are {p} ranks.")
     if any(s < 0 for s in sp):
@@ -47,3 +52,14 @@ def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
     if sum(sp) != t.shape[0]:
         raise ValueError(f"alltoall splits sum to {sum(sp)}, but dim 0 of the tensor is {t.shape[0]}.")
     return sp
+
+
+def scale_factor(x, what: str) -> float:
+    """``x`` as a float (a scale factor: any real number, NaN and infinities included); ``ValueError``
+    naming ``what`` for anything else."""
+    if isinstance(x, (str, bytes, complex)):
+        raise ValueError(f"{what} must be a real number, got {x!r}.")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a real number, got {x!r}.") from None

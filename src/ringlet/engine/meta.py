@@ -187,7 +187,7 @@ def _pair_mismatch(first: Meta, m: Meta) -> str | None:
         return shape
     for field, kinds, show, message in _FIELD_CHECKS:
         a, b = getattr(first, field), getattr(m, field)
-        if a != b and (kinds is None or first.kind in kinds):
+        if a != b and not (a != a and b != b) and (kinds is None or first.kind in kinds):  # NaN matches NaN
             return message.format(kind=kind, a=show(a), b=show(b))
     return None
 

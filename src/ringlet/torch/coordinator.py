@@ -33,6 +33,8 @@ round at all until its next submission wakes it (at most that long): the peers w
 round, which no round could have completed anyway. So an idle job, one waiting for a straggler, or one
 whose only work is a running collective does not burn a core. A name waiting as a bit for more than
 half of ``HOROVOD_STALL_CHECK_TIME_SECONDS`` moves to the table, where the stall warning sees it.
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (0: off): a name in the table that misses ranks for longer stops
+every rank's coordinator, failing its pending handles with ``HorovodInternalError`` naming the name.
 ``HOROVOD_CACHE_CAPACITY`` (4096) bounds the cache; 0 turns it off (every round is a full one).
 """
 from __future__ import annotations
@@ -57,7 +59,7 @@ from .requests import (ADD_PS, ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BIT_ACCE
                        REDUCESCATTER, REMOVE_PS, Meta, Request, decode_message, encode_message,
                        entry_bytes)
 from .requests import Entry as _Entry
-from .stall import stall_check
+from .stall import stall_check, stalled_beyond
 from ringlet.engine.meta import mismatch as check
 
 
@@ -79,6 +81,7 @@ class Coordinator:
         self.stall = _env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
         if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "").strip() in ("1", "true", "True"):
             self.stall = 0.0
+        self.stall_shutdown = _env_float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)  # 0: wait forever
         self.runner = Runner(self.rt, int(_env_float("HOROVOD_FUSION_THRESHOLD", float(128 << 20))))
         # Negotiation rounds get a group (and so a tag sequence) of their own: they run while the
         # execution thread's collectives use the process sets' groups.
@@ -277,6 +280,9 @@ class Coordinator:
             self._idle += 1
         if self.stall > 0 and self.rt.rank == 0:
             stall_check(self._pending, self.ctx.process_sets, self._joined(), self.stall)
+        if self.stall_shutdown > 0 and self._failed is None:
+            msg = stalled_beyond(self._pending, self.ctx.process_sets, self._joined(), self.stall_shutdown)
+            self._failed = HorovodInternalError(msg) if msg else None  # announced in the next round
         return stop
 
     def _take_outbox(self) -> tuple[list[bytes], int]:

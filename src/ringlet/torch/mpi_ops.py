@@ -66,6 +66,21 @@ def _scale(x, what: str) -> float:
         raise ValueError(f"{what} must be a number, got {x!r}.") from None
 
 
+_MAX_NAME_BYTES = 60000  # an op's name travels with a 16-bit length, suffixes included
+
+
+def _check_name(kind: str, name) -> None:
+    """``ValueError`` (before a handle is taken) for a name that is not UTF-8 text of at most 60000 bytes."""
+    if name is None:
+        return
+    try:
+        size = len(f"{kind}.{name}".encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"Op names must be valid Unicode text; {name!r} is not ({exc.reason}).") from None
+    if size > _MAX_NAME_BYTES:
+        raise ValueError(f"Op name of {size} bytes is too long (at most {_MAX_NAME_BYTES}).")
+
+
 def _base_name(kind: str, name, handle: int) -> str:
     return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
 
@@ -92,6 +107,7 @@ def _allreduce_async(tensors, average, name, op, prescale_factor, postscale_fact
     op = _reduce_op(average, op)
     pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
     ps_id, _ = _member(process_set)
+    _check_name("allreduce", name)
     if grouped:
         tensors = list(tensors)
     for t in tensors:
@@ -194,6 +210,7 @@ def sparse_allreduce_async(tensor, name, op, process_set: ProcessSet = global_pr
 # ---- allgather ---------------------------------------------------------------------------------------
 def _allgather_async(tensors, name, process_set, grouped: bool) -> int:
     ps_id, _ = _member(process_set)
+    _check_name("allgather", name)
     tensors = list(tensors)
     for t in tensors:
         _check_tensor(t, _MOVE_DTYPES)
@@ -228,6 +245,7 @@ def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_proce
 def _broadcast_async(tensor, root_rank, name, process_set, inplace: bool) -> int:
     ps_id, g = _member(process_set)
     _check_tensor(tensor, _MOVE_DTYPES)
+    _check_name("broadcast", name)
     if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in g:
         raise ValueError(f"Invalid root rank {root_rank!r}: it must be a global rank in the process set "
                          f"(ranks {list(g.ranks)}).")
@@ -263,6 +281,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set: ProcessSet = glo
     ps_id, g = _member(process_set)
     _check_tensor(tensor, _MOVE_DTYPES)
     sp = args.alltoall_splits(splits, tensor, g.size)
+    _check_name("alltoall", name)
     ctx = context()
     h = ctx.handles.allocate(1)
     meta = _meta(_base_name("alltoall", name, h), rq.ALLTOALL, ps_id, tensor, splits=tuple(sp))
@@ -282,6 +301,7 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postsc
         raise HorovodInternalError(f"reducescatter supports Sum and Average only, not {ReduceOp(op).name}.")
     pre, post = _scale(prescale_factor, "prescale_factor"), _scale(postscale_factor, "postscale_factor")
     ps_id, _ = _member(process_set)
+    _check_name("reducescatter", name)
     tensors = list(tensors)
     for t in tensors:
         _check_tensor(t, _REDUCE_DTYPES)

@@ -28,3 +28,22 @@ def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> 
         log.warning("Stall: %d op(s) were submitted by some ranks but not by others for more than %.0f s. "
                     "This may mean ranks submit different names, or only some ranks submit them "
                     "(which deadlocks):\n  %s", len(lines), stall, "\n  ".join(lines))
+
+
+def stalled_beyond(pending: dict, process_sets, joined: set[int], limit: float) -> str | None:
+    """The error message when an entry of ``pending`` has missed ranks (not joined) for more than
+    ``limit`` seconds, else None (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``)."""
+    now = time.monotonic()
+    for (ps_id, name), e in pending.items():
+        if now - e.first < limit:
+            continue
+        try:
+            ranks = process_sets.group(ps_id).ranks
+        except ValueError:
+            continue
+        missing = [r for r in ranks if r not in e.metas and r not in joined]
+        if missing:
+            return (f"Stalled for more than {limit:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): {name} (process "
+                    f"set {ps_id}) was submitted by ranks {sorted(e.metas)} but never by ranks {missing} "
+                    "(different names, or an op only some ranks submit); shutting down.")
+    return None

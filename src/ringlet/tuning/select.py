@@ -55,6 +55,8 @@ HIERARCHICAL_FROM = 1 << 20
 def requested(name: str | None, override: str = AUTO) -> str:
     """The canonical name of a requested all-reduce algorithm: ``"auto"`` takes ``override`` (the
     process-wide ``RINGLET_ALGORITHM``) when that is set. ``ValueError`` for unknown names."""
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"algorithm must be a name (str), got {name!r}.")
     name = (name or AUTO).strip().lower()
     if name == AUTO and override not in ("", AUTO):
         name = override.strip().lower()
@@ -124,6 +126,8 @@ def installed() -> Model | None:
 
 def allgather(name: str | None) -> str:
     """The all-gather algorithm for request ``name`` (``"ring"`` by default). ``ValueError`` when unknown."""
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"all-gather algorithm must be a name (str), got {name!r}.")
     name = (name or "ring").strip().lower()
     if name == AUTO:
         return "ring"
