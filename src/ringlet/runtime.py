@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable
 
 from .engine.agree import exchange
-from .engine.channel import Channel, tag_base
+from .engine.channel import GROUP_BITS, Channel, tag_base
 from .group import Group
 from .timeline import now_us
 from .types import Options, PeerError
@@ -69,6 +69,9 @@ class Work:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+MAX_GROUPS = 1 << GROUP_BITS
 
 
 class Runtime:
@@ -134,6 +137,12 @@ class Runtime:
 
     # ---- groups and tags ------------------------------------------------------------------
     def _add_group(self, ranks: tuple[int, ...], host_of: tuple[int, ...]) -> Group:
+        if len(self.groups) >= MAX_GROUPS:
+            # Message tags carry the group id in GROUP_BITS bits: a 33rd group would share tags with an
+            # earlier one, and the messages of two collectives could be matched with each other.
+            raise RuntimeError(f"ringlet supports {MAX_GROUPS} groups per session (the world included); "
+                               "this would be one more. Reuse groups, or start a new session with "
+                               "ringlet.shutdown() and ringlet.init().")
         g = Group(len(self.groups), ranks, host_of)
         self.groups.append(g)
         return g
