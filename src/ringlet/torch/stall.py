@@ -7,13 +7,11 @@ import time
 log = logging.getLogger("ringlet.torch")
 
 
-def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> None:
-    """Warn about entries of ``pending`` (the negotiation table) older than ``stall`` seconds that miss
-    ranks which have not joined; each entry is reported again at most every ``stall`` seconds."""
-    now = time.monotonic()
-    lines = []
+def _stalled(pending: dict, process_sets, joined: set[int], age: float, now: float):
+    """``(name, process set id, entry, missing ranks)`` of each entry older than ``age`` seconds that
+    misses ranks which have not joined."""
     for (ps_id, name), e in pending.items():
-        if now - e.first < stall or (e.warned and now - e.warned < stall):
+        if now - e.first < age:
             continue
         try:
             ranks = process_sets.group(ps_id).ranks
@@ -21,9 +19,19 @@ def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> 
             continue
         missing = [r for r in ranks if r not in e.metas and r not in joined]
         if missing:
-            e.warned = now
-            lines.append(f"{name} (process set {ps_id}): missing ranks {missing}, "
-                         f"submitted by ranks {sorted(e.metas)}")
+            yield name, ps_id, e, missing
+
+
+def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> None:
+    """Warn about entries of ``pending`` (the negotiation table) older than ``stall`` seconds that miss
+    ranks which have not joined; each entry is reported again at most every ``stall`` seconds."""
+    now = time.monotonic()
+    lines = []
+    for name, ps_id, e, missing in _stalled(pending, process_sets, joined, stall, now):
+        if e.warned and now - e.warned < stall:
+            continue
+        e.warned = now
+        lines.append(f"{name} (process set {ps_id}): missing ranks {missing}, submitted by ranks {sorted(e.metas)}")
     if lines:
         log.warning("Stall: %d op(s) were submitted by some ranks but not by others for more than %.0f s. "
                     "This may mean ranks submit different names, or only some ranks submit them "
@@ -33,17 +41,8 @@ def stall_check(pending: dict, process_sets, joined: set[int], stall: float) -> 
 def stalled_beyond(pending: dict, process_sets, joined: set[int], limit: float) -> str | None:
     """The error message when an entry of ``pending`` has missed ranks (not joined) for more than
     ``limit`` seconds, else None (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``)."""
-    now = time.monotonic()
-    for (ps_id, name), e in pending.items():
-        if now - e.first < limit:
-            continue
-        try:
-            ranks = process_sets.group(ps_id).ranks
-        except ValueError:
-            continue
-        missing = [r for r in ranks if r not in e.metas and r not in joined]
-        if missing:
-            return (f"Stalled for more than {limit:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): {name} (process "
-                    f"set {ps_id}) was submitted by ranks {sorted(e.metas)} but never by ranks {missing} "
-                    "(different names, or an op only some ranks submit); shutting down.")
+    for name, ps_id, e, missing in _stalled(pending, process_sets, joined, limit, time.monotonic()):
+        return (f"Stalled for more than {limit:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): {name} (process "
+                f"set {ps_id}) was submitted by ranks {sorted(e.metas)} but never by ranks {missing} "
+                "(different names, or an op only some ranks submit); shutting down.")
     return None
