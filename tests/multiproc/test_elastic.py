@@ -53,6 +53,18 @@ def assert_identical_params(fin: dict[str, dict], job) -> None:
     assert all(p == params[0] for p in params), job_report(job)
 
 
+def assert_survivors_0_1_finished(out: Path, job) -> None:
+    """Workers 0 and 1 went on as generation 1, ended with the same parameters, and every sample of
+    both epochs was committed exactly once."""
+    assert "generation 1: 2 rank(s) (workers 0,1)" in job.stderr, job_report(job)
+    fin = finals(out)
+    assert sorted(fin) == ["0", "1"], job_report(job)
+    assert_identical_params(fin, job)
+    for epoch in (0, 1):
+        c = counts(out, epoch)
+        assert sorted(c) == list(range(48)) and set(c.values()) == {1}, (epoch, c)
+
+
 def test_survivors_finish_from_the_last_commit(tmp_path):
     """3 workers, --min-np 2: rank 2 exits 1 at step 4; the two others finish both epochs."""
     job = elastic_job(tmp_path, ["--elastic", "-np", "3", "--min-np", "2", "--elastic-timeout", "60"],
@@ -112,13 +124,7 @@ def test_death_inside_a_ring_allreduce_releases_every_survivor(tmp_path):
     job = elastic_job(tmp_path, ["--elastic", "-np", "3", "--min-np", "2", "--elastic-timeout", "60"],
                       {"ELASTIC_KILL": "2:3", "ELASTIC_KILL_MODE": "allreduce", "RINGLET_ALGORITHM": "ring"})
     assert job.returncode == 0, job_report(job)
-    assert "generation 1: 2 rank(s) (workers 0,1)" in job.stderr, job_report(job)
-    fin = finals(tmp_path)
-    assert sorted(fin) == ["0", "1"], job_report(job)
-    assert_identical_params(fin, job)
-    for epoch in (0, 1):
-        c = counts(tmp_path, epoch)
-        assert sorted(c) == list(range(48)) and set(c.values()) == {1}, (epoch, c)
+    assert_survivors_0_1_finished(tmp_path, job)
 
 
 def test_a_silent_member_is_named_stopped_and_the_survivors_finish(tmp_path):
@@ -128,13 +134,7 @@ def test_a_silent_member_is_named_stopped_and_the_survivors_finish(tmp_path):
                       {"ELASTIC_KILL": "2:3", "ELASTIC_KILL_MODE": "stop", "RINGLET_PEER_TIMEOUT": "4"})
     assert job.returncode == 0, job_report(job)
     assert "rank 2 (host " in job.stderr and "fell silent" in job.stderr, job_report(job)
-    assert "generation 1: 2 rank(s) (workers 0,1)" in job.stderr, job_report(job)
-    fin = finals(tmp_path)
-    assert sorted(fin) == ["0", "1"], job_report(job)
-    assert_identical_params(fin, job)
-    for epoch in (0, 1):
-        c = counts(tmp_path, epoch)
-        assert sorted(c) == list(range(48)) and set(c.values()) == {1}, (epoch, c)
+    assert_survivors_0_1_finished(tmp_path, job)
 
 
 def test_the_elastic_script_runs_under_plain_ringlet_run(tmp_path):

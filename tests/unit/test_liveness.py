@@ -69,6 +69,12 @@ class MemStore:
             self.d[k] = self.d.get(k, b"") + (v.encode() if isinstance(v, str) else v)
 
 
+def publish_death(store, v: Verdict, job: str = "job") -> None:
+    """What a node launcher does when one of its ranks exits with an error."""
+    store.set(K.of_rank(job, K.DEAD, v.rank), v.encode())
+    store.append(K.dead_list(job), f"{v.rank},")
+
+
 def monitors(store, size, opts=FAST, job="job"):
     found = {}
     ms = []
@@ -130,8 +136,7 @@ def test_the_earliest_death_record_names_the_cause():
     late = Verdict(2, "h2", exit_reason(1), 200.0, "dead")
     first = Verdict(1, "h1", exit_reason(128 + 9), 100.0, "dead")
     for v in (late, first):
-        store.set(K.of_rank("job", K.DEAD, v.rank), v.encode())
-        store.append(K.dead_list("job"), f"{v.rank},")
+        publish_death(store, v)
     try:
         assert wait_for(lambda: 0 in found)
         assert found[0].rank == 1 and "was killed by SIGKILL" in found[0].reason
@@ -148,9 +153,7 @@ def test_explain_waits_for_the_record_that_names_a_reset():
 
     def publish():
         time.sleep(0.3)
-        v = Verdict(1, "h1", exit_reason(137), time.time(), "dead")
-        store.set(K.of_rank("job", K.DEAD, 1), v.encode())
-        store.append(K.dead_list("job"), "1,")
+        publish_death(store, Verdict(1, "h1", exit_reason(137), time.time(), "dead"))
 
     threading.Thread(target=publish).start()
     try:
