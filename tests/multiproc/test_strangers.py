@@ -75,3 +75,10 @@ def test_a_stranger_is_refused_and_logged_and_the_job_finishes(tmp_path, endpoin
     assert [json.loads((tmp_path / f"res-{r}.json").read_text())["ok"] for r in range(2)] == [True, True]
     refusals = [ln for ln in job.stderr.splitlines() if "refused a connection from ('127.0.0.1'" in ln]
     assert len(refusals) == 1, job.stderr[-4000:]  # logged, once per address
+
+
+def test_a_malformed_secret_is_a_clear_launch_error(tmp_path):
+    t0 = time.monotonic()
+    proc = start_job(["-np", "2", "--", sys.executable, "-c", "pass"], {"RINGLET_JOB_SECRET": "not-hex"})
+    job = finish_job(proc, 60, t0)
+    assert job.returncode == 2 and "RINGLET_JOB_SECRET is not hexadecimal" in job.stderr, job.stderr

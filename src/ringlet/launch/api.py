@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ..cluster import ClusterError, run_options
-from ..security.secret import SECRET_ENV, new_secret
+from ..security.secret import SECRET_ENV, job_secret, new_secret
 from .agent import run_torch
 from .config import TRANSPORTS, LaunchError, RunConfig
 from .elastic import ElasticConfig, run_elastic
@@ -45,6 +45,10 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
         transport = default_transport(hosts, cluster=cluster, elastic=elastic)
     # Every job gets a secret; its store and transport endpoints accept only holders (docs/security.md).
     env = {**(env or {}), SECRET_ENV: os.environ.get(SECRET_ENV) or new_secret()}
+    try:
+        job_secret(env)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     transport = transport.strip().lower()
     if elastic:
         return _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, elastic_timeout)
