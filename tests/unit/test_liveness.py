@@ -3,6 +3,7 @@ and the launcher's side (death records from exit records, the culprit). No wall-
 wait is bounded and only the outcome is checked."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -85,6 +86,18 @@ def monitors(store, size, opts=FAST, job="job"):
     return ms, found
 
 
+@contextlib.contextmanager
+def running(ms):
+    """The monitors ``ms`` started for the body, and stopped after it whatever happens."""
+    for m in ms:
+        m.start()
+    try:
+        yield ms
+    finally:
+        for m in ms:
+            m.stop()
+
+
 def wait_for(cond, limit=10.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -98,12 +111,10 @@ def wait_for(cond, limit=10.0):
 def test_a_silent_rank_is_named_by_every_survivor(size):
     store = MemStore()
     ms, found = monitors(store, size)
-    for m in ms:
-        m.start()
     victim = size - 1
-    ms[victim].stop(clean=False)  # its heartbeats stop, it says nothing: silent
     survivors = [r for r in range(size) if r != victim]
-    try:
+    with running(ms):
+        ms[victim].stop(clean=False)  # its heartbeats stop, it says nothing: silent
         assert wait_for(lambda: all(r in found for r in survivors))
         for r in survivors:
             v = found[r]
@@ -111,57 +122,41 @@ def test_a_silent_rank_is_named_by_every_survivor(size):
             err = v.error(r)
             assert isinstance(err, PeerError) and err.rank == victim and err.host == f"h{victim}"
             assert f"rank {victim} (host h{victim}) fell silent" in str(err)
-    finally:
-        for m in ms:
-            m.stop()
 
 
 def test_a_rank_that_left_cleanly_is_not_silent():
     store = MemStore()
     ms, found = monitors(store, 3)
-    for m in ms:
-        m.start()
-    ms[2].stop(clean=True)
-    time.sleep(4 * FAST.peer_timeout)
-    for m in ms[:2]:
-        m.stop()
+    with running(ms):
+        ms[2].stop(clean=True)
+        time.sleep(4 * FAST.peer_timeout)
     assert found == {}
 
 
 def test_the_earliest_death_record_names_the_cause():
     store = MemStore()
     ms, found = monitors(store, 3)
-    for m in ms:
-        m.start()
     late = Verdict(2, "h2", exit_reason(1), 200.0, "dead")
     first = Verdict(1, "h1", exit_reason(128 + 9), 100.0, "dead")
-    for v in (late, first):
-        publish_death(store, v)
-    try:
+    with running(ms):
+        for v in (late, first):
+            publish_death(store, v)
         assert wait_for(lambda: 0 in found)
         assert found[0].rank == 1 and "was killed by SIGKILL" in found[0].reason
-    finally:
-        for m in ms:
-            m.stop()
 
 
 def test_explain_waits_for_the_record_that_names_a_reset():
     store = MemStore()
     ms, _ = monitors(store, 2, LivenessOptions(peer_timeout=30, interval=0.05, grace=5.0))
-    for m in ms:
-        m.start()
 
     def publish():
         time.sleep(0.3)
         publish_death(store, Verdict(1, "h1", exit_reason(137), time.time(), "dead"))
 
-    threading.Thread(target=publish).start()
-    try:
+    with running(ms):
+        threading.Thread(target=publish).start()
         err = ms[0].explain(PeerError("connection reset by peer"))
         assert err is not None and err.rank == 1 and "connection reset by peer" in str(err)
-    finally:
-        for m in ms:
-            m.stop()
 
 
 def test_explain_gives_up_after_the_grace():
