@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -147,39 +147,52 @@ class Topology:
         return 2 * self.size + 2 * self.nhosts
 
 
-_RATE = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
-_TIME = re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us|µs|ns)?\s*$", re.I)
+@dataclass(frozen=True)
+class _Quantity:
+    """How to read one kind of quantity: a number is taken as it is; a string must match ``pattern``,
+    whose group 1 is the number and from which ``unit`` gives the factor to the base unit. A value that
+    ``valid`` rejects raises ``ValueError`` saying that it must be ``requirement``."""
+
+    what: str
+    pattern: re.Pattern
+    unit: Callable[[re.Match], float]
+    examples: str
+    valid: Callable[[float], bool]
+    requirement: str
+
+    def parse(self, text: str | float) -> float:
+        if isinstance(text, (int, float)):
+            value = float(text)
+        else:
+            m = self.pattern.match(text)
+            if not m:
+                raise ValueError(f"not a {self.what}: {text!r} (try {self.examples})")
+            value = float(m.group(1)) * self.unit(m)
+        if not self.valid(value):
+            raise ValueError(f"a {self.what} must be {self.requirement}, got {text!r}")
+        return value
+
+
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_RATE = _Quantity("link rate", re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I),
+                  lambda m: _SCALE[m.group(2).lower()] * (8.0 if m.group(3) == "B" else 1.0),  # "B": bytes
+                  "100gbit, 400mbit", lambda v: v > 0, "positive")
+_TIME = _Quantity("duration", re.compile(r"^\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us|µs|ns)?\s*$", re.I),
+                  lambda m: _SECONDS[(m.group(2) or "s").lower().replace("µ", "u")],
+                  "2us, 0.5ms", lambda v: v >= 0 and math.isfinite(v), "finite and >= 0")
 
 
 def parse_rate(rate: str | float) -> float:
-    """Bits per second from ``"100gbit"``, ``"1gbit/s"``, ``"400mbit"``, ``"12.5GB"`` (bytes) or a number."""
-    if isinstance(rate, (int, float)):
-        value = float(rate)
-    else:
-        m = _RATE.match(rate)
-        if not m:
-            raise ValueError(f"not a link rate: {rate!r} (try 100gbit, 400mbit)")
-        unit = (m.group(3) or "bit").lower()
-        value = float(m.group(1)) * _SCALE[m.group(2).lower()] * (8.0 if unit == "b" and m.group(3) == "B" else 1.0)
-    if not value > 0:
-        raise ValueError(f"a link rate must be positive, got {rate!r}")
-    return value
+    """Bits per second from ``"100gbit"``, ``"1gbit/s"``, ``"400mbit"``, ``"12.5GB"`` (bytes) or a number;
+    ``ValueError`` for anything else or a rate that is not positive."""
+    return _RATE.parse(rate)
 
 
 def parse_time(t: str | float) -> float:
-    """Seconds from ``"2us"``, ``"0.5ms"``, ``"1s"`` or a number of seconds."""
-    if isinstance(t, (int, float)):
-        value = float(t)
-    else:
-        m = _TIME.match(t)
-        if not m:
-            raise ValueError(f"not a duration: {t!r} (try 2us, 0.5ms)")
-        unit = (m.group(2) or "s").lower().replace("µ", "u")
-        value = float(m.group(1)) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
-    if value < 0 or not math.isfinite(value):
-        raise ValueError(f"a duration must be finite and >= 0, got {t!r}")
-    return value
+    """Seconds from ``"2us"``, ``"0.5ms"``, ``"1s"`` or a number of seconds; ``ValueError`` for anything
+    else or a duration that is negative or not finite."""
+    return _TIME.parse(t)
 
 
 def host_layout(host_of: Sequence[int]) -> tuple[int, ...]:
