@@ -34,6 +34,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -213,11 +214,25 @@ class ShmTransport(Progress, Transport):
         return seq
 
     # ---- posting ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        """Raise ``PeerError`` once the transport is closed."""
+        if self._closed:
+            raise PeerError(f"rank {self.rank}: the shm transport is closed")
+
+    def _admit(self, buf: torch.Tensor, peer: int, count: Callable[[int], None]) -> bool:
+        """Check a post of ``buf`` to or from ``peer`` (:meth:`_check`). False when ``peer`` is this rank
+        (the post is served locally and not counted); else count its bytes with ``count``
+        (``wire.sent`` or ``wire.received``) and return True."""
+        self._check(buf, peer)
+        if peer == self.rank:
+            return False
+        count(nbytes(buf))
+        return True
+
     def _check(self, buf: torch.Tensor, peer: int) -> None:
         if self.aborted is not None:
             raise self.aborted_error()
-        if self._closed:
-            raise PeerError(f"rank {self.rank}: the shm transport is closed")
+        self._check_open()
         if not 0 <= peer < self.size:
             raise ValueError(f"peer {peer} is outside a world of size {self.size}")
         if not buf.is_cpu:
@@ -226,15 +241,12 @@ class ShmTransport(Progress, Transport):
             raise ValueError("the shm transport needs a contiguous 1-D tensor (view)")
 
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check(buf, peer)
-        if peer == self.rank:
+        if not self._admit(buf, peer, self.wire.sent):
             return self._self_send(buf, tag)
-        self.wire.sent(nbytes(buf))
         h = _Send(self, buf, peer, tag)
         with self._lock:
             o = self._outs[peer]
-            if self._closed:
-                raise PeerError(f"rank {self.rank}: the shm transport is closed")
+            self._check_open()
             # A ticket reuses the completion slot of ticket - NSLOTS, which must be acknowledged by then.
             if o.cma_ok and h.nbytes >= self._cma_min and (o.next_ticket - R.NSLOTS) not in o.cma_pending:
                 h.kind, h.ticket = R.CMA, o.next_ticket
@@ -250,15 +262,12 @@ class ShmTransport(Progress, Transport):
         return h
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
-        self._check(buf, peer)
-        if peer == self.rank:
+        if not self._admit(buf, peer, self.wire.received):
             return self._self_recv(buf, tag)
-        self.wire.received(nbytes(buf))
         h = _Recv(self, buf, peer, tag)
         key = (peer, tag)
         with self._lock:
-            if self._closed:
-                raise PeerError(f"rank {self.rank}: the shm transport is closed")
+            self._check_open()
             f = take_first(self._unexpected, key)
             if f is not None:
                 self._bind(f, h)
