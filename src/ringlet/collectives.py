@@ -164,6 +164,16 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
                      sync=sync)
 
 
+def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
+                    compression_state, *, inplace: bool, sync: bool) -> Work:
+    """The body of the four public all-reduces, which differ only in ``inplace`` and ``sync``:
+    ``compression`` and ``compression_state`` become a :class:`Compressed` (None when ``compression`` is
+    None) and the call is submitted. A non-tensor passes shape ``()``; the argument checks reject it."""
+    return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, inplace=inplace,
+                             sync=sync, check=check,
+                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
+
+
 def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", group: Group | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, *, check: bool | None = None,
               compression=None, compression_state: dict | None = None) -> torch.Tensor:
@@ -187,36 +197,34 @@ def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", gr
     check. ``compression_state``: a dict kept by the caller for this tensor and passed on every call
     (error-feedback residuals live there); None: a fresh one each call.
     """
-    return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ()))).wait()
+    return _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
+                           compression_state, inplace=False, sync=True).wait()
 
 
 def allreduce_async(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
                     postscale_factor=1.0, *, check: bool | None = None, compression=None,
                     compression_state: dict | None = None) -> Work:
-    """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output."""
-    return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=False, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
+    """Like :func:`allreduce` but returns a handle at once; ``handle.wait()`` gives the output or raises
+    the collective's error. The input is copied before the call returns, so the caller may change it at
+    once; argument errors raise ``ValueError`` here, not at ``wait()``."""
+    return _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
+                           compression_state, inplace=False, sync=False)
 
 
 def allreduce_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
                postscale_factor=1.0, *, check: bool | None = None, compression=None,
                compression_state: dict | None = None) -> torch.Tensor:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
-    return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=True, check=check,
-                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ()))).wait()
+    return _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
+                           compression_state, inplace=True, sync=True).wait()
 
 
 def allreduce_async_(tensor, op=ReduceOp.SUM, algorithm="auto", group=None, prescale_factor=1.0,
                      postscale_factor=1.0, *, check: bool | None = None, compression=None,
                      compression_state: dict | None = None) -> Work:
     """In-place :func:`allreduce_async`: do not touch ``tensor`` until the handle completes."""
-    return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor,
-                             inplace=True, sync=False, check=check,
-                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
+    return _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
+                           compression_state, inplace=True, sync=False)
 
 
 def compressed_allreduce_async_(tensor: torch.Tensor, spec: Compressed, *, average: bool = True,
