@@ -222,6 +222,22 @@ def _sharded_arm(kind: str, model, opts: dict, opt_name: str):
     return model, cls(model.parameters(), **hyper)
 
 
+def _hvd_optimizer(optimizer, model, opts: dict):
+    """``DistributedOptimizer`` with ``opts``; ``gradients=named|fused`` picks how its gradients travel
+    (``RINGLET_HVD_GRADIENTS`` while it is built; only one live optimizer of a job can be fused)."""
+    gradients = opts.pop("gradients", None)
+    old = os.environ.get("RINGLET_HVD_GRADIENTS")
+    if gradients is not None:
+        os.environ["RINGLET_HVD_GRADIENTS"] = gradients
+    try:
+        return ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **opts)
+    finally:
+        if old is None:
+            os.environ.pop("RINGLET_HVD_GRADIENTS", None)
+        else:
+            os.environ["RINGLET_HVD_GRADIENTS"] = old
+
+
 def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
     """``(spec, wrapped model, optimizer)`` of one arm, its model seeded like every other arm's."""
     kind, opts = parse_arm(spec)
@@ -236,8 +252,7 @@ def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
     elif kind in ("local", "hvd"):  # local: no communication at all, the compute floor of a step
         wrapped = model
         if kind == "hvd":
-            optimizer = ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                           **opts)
+            optimizer = _hvd_optimizer(optimizer, model, opts)
     elif kind == "torch":
         hook = _torch_hook(opts)
         wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)

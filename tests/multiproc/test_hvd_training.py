@@ -10,7 +10,8 @@ concatenated batch. This test launches it and fails with every failing case of e
 Further jobs run the same worker on one case module each: ``hvd_cases_join`` (join() followed by every
 collective kind, each rank joining first in turn, with cached, fresh and unnamed ops) and
 ``hvd_cases_optim`` (broadcast_optimizer_state for every torch.optim class, SparseAdam with
-sparse_as_dense, the step()-after-synchronize() warning).
+sparse_as_dense, the step()-after-synchronize() warning) and ``hvd_cases_fused`` (gradients as ordered,
+fused all-reduces against matched by name; join() with uneven steps; differing parameters).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_hvd_training_equivalence(world, tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim"])
+@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim", "hvd_cases_fused"])
 def test_hvd_case_module(module, world, tmp_path):
     cases = importlib.import_module(module).CASES
     ranks = run_cases(world, tmp_path, [module])

@@ -13,6 +13,7 @@ from testonly_compressors import FakeCustom, FakeEF
 
 import ringlet.torch as hvd
 from ringlet.compression import FP16
+from ringlet.torch.compressed_grads import CompressedGradients
 
 
 def local_grads(rank: int, step: int, bpps: int = 1) -> list[torch.Tensor]:
@@ -53,8 +54,8 @@ def test_groups_predivide_and_several_backward_passes():
             x, y = batch(10 * rank + k)
             F.mse_loss(m(x), y).backward()
         opt.synchronize()
-        shapes = [s.get("shapes") for s in opt._compressed.states]
-        return [q.grad.clone() for q in m.parameters()], shapes, opt._compressed.names
+        shapes = [s.get("shapes") for s in opt._ordered.states]
+        return [q.grad.clone() for q in m.parameters()], shapes, opt._ordered.names
 
     res = hvd_world(p, fn)
     grads, shapes, names = res[0]
@@ -76,7 +77,7 @@ def test_state_kept_between_steps_and_training_stays_in_step():
             x, y = batch(100 * s + rank)
             F.mse_loss(m(x), y).backward()
             opt.step()
-        return torch.cat([q.detach().reshape(-1) for q in m.parameters()]), [len(s) for s in opt._compressed.states]
+        return torch.cat([q.detach().reshape(-1) for q in m.parameters()]), [len(s) for s in opt._ordered.states]
 
     res = hvd_world(2, fn)
     assert torch.equal(res[0][0], res[1][0]) and all(n > 0 for n in res[0][1])
@@ -87,7 +88,7 @@ def test_horovods_fp16_keeps_its_meaning():
         m = model()
         opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
                                        compression=hvd.Compression.fp16)
-        assert opt._compressed is None
+        assert not isinstance(opt._ordered, CompressedGradients)
         x, y = batch(10 * rank)
         F.mse_loss(m(x), y).backward()
         opt.synchronize()

@@ -6,6 +6,9 @@ thread, because :func:`init` notices the thread's runtime and keeps the context 
 """
 from __future__ import annotations
 
+import time
+import weakref
+
 import atexit
 
 import ringlet
@@ -16,6 +19,7 @@ from .context import context
 from .coordinator import Coordinator
 from .errors import HorovodInternalError
 from .handles import HandleTable
+from .ordered_grads import serve_join
 from .process_sets import Registry, add_process_set
 
 
@@ -31,6 +35,22 @@ class Context:
         self.handles = HandleTable()
         self.process_sets = Registry(self)
         self.coordinator = Coordinator(self)
+        # The FusedGradients of the live DistributedOptimizers of the world by serial number (creation
+        # order): a rank in join() mirrors the steps the others take (ringlet.torch.ordered_grads).
+        self.fused_gradients: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.fused_serial = 0
+
+    def serve_join(self, handle: int) -> None:
+        """This rank has joined (``handle``: its join request): mirror the others' steps of the world's fused
+        optimizers with zeros until every rank has joined (:func:`ringlet.torch.ordered_grads.serve_join`).
+        Serving starts once the coordinator has announced this rank's join, so a rank that steps after
+        it joins later in the coordinator's order too (``join()`` returns the last rank to join)."""
+        live = dict(self.fused_gradients)
+        if not live:
+            return
+        while not (self.handles.poll(handle) or self.rt.rank in self.coordinator.joined()):
+            time.sleep(0.001)
+        serve_join(live)
 
     def close(self) -> None:
         self.coordinator.stop()

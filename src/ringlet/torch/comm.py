@@ -98,11 +98,14 @@ class Comm:
 
     # ---- single collectives ------------------------------------------------------------------------
     def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0, timed: bool = False,
-                   check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0) -> CommFuture:
+                   check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0, *,
+                   ordered: bool = False) -> CommFuture:
         """In-place all-reduce of ``t``; the future's value is ``t``. ``check`` and ``algorithm``
         (default: the one given at construction) apply to the core path (see :func:`ringlet.allreduce`).
+        ``ordered``: on the core queue in submission order even with the coordinator running (like
+        :meth:`submit`: every rank submits its ordered ops in the same order; ``name`` is then not matched).
         ``timed`` is accepted for callers that ask; the core path always records :meth:`CommFuture.span`."""
-        if self.coordinated:
+        if self.coordinated and not ordered:
             from . import mpi_ops
 
             return _from_handle(mpi_ops.allreduce_async_(

@@ -331,6 +331,14 @@ class Coordinator:
                 "complete. Call hvd.init() again to start over.")
         return bool(stop_by), new
 
+    def joined(self) -> set[int]:
+        """The ranks whose join has been announced and not yet completed (read from any thread: a table
+        changed meanwhile reads as empty, and the caller asks again)."""
+        try:
+            return set(self._joined())
+        except RuntimeError:  # the coordinator thread changed the table while it was read
+            return set()
+
     def _joined(self) -> set[int]:
         # A rank has joined while its "join" request is pending: the table itself carries the state.
         e = self._pending.get((0, "join"))

@@ -9,6 +9,7 @@ top-level ``allreduce``/``allgather``/... are the autograd-aware versions.
 """
 from __future__ import annotations
 
+
 import warnings
 from typing import Sequence
 
@@ -366,6 +367,10 @@ def join(device: int = -1) -> int:
     Other collectives fail while a rank has joined (``HorovodInternalError`` on the ranks that submitted
     them).
 
+    The gradient reductions of a ``DistributedOptimizer`` that go as ordered, fused all-reduces
+    (:mod:`ringlet.torch.ordered_grads`, world optimizers) are served too: the joined rank takes part
+    in the others' steps with zero gradients until every rank has joined.
+
     A joined rank submits none of the ops the others run meanwhile, so its handle counter (which numbers
     ``noname`` ops) falls behind theirs. Every rank announces its counter with the join and, once all
     have joined, moves it to the largest one: after ``join()`` returns everywhere, unnamed ops match
@@ -374,7 +379,9 @@ def join(device: int = -1) -> int:
     ctx = context()
     h = ctx.handles.allocate(1)
     meta = Meta("join", rq.JOIN, 0, splits=(ctx.handles.peek(),))
-    last, counter = synchronize(_submit([Request(meta, None, None, h, 0)], h))
+    h = _submit([Request(meta, None, None, h, 0)], h)
+    ctx.serve_join(h)  # the others' fused gradient reductions, with zeros, until all have joined
+    last, counter = synchronize(h)
     ctx.handles.advance_to(counter)
     return int(last)
 

@@ -13,6 +13,7 @@ through the compressed all-reduce in a fixed order instead (:mod:`.compressed_gr
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 
 import torch
@@ -22,10 +23,12 @@ from ringlet.types import ReduceOp
 
 from ringlet import compression as _ringlet_compression
 
+from . import context as _context
 from . import mpi_ops
 from .basics import size as _world_size
 from .comm import Comm
 from .compressed_grads import CompressedGradients
+from .ordered_grads import FusedGradients, OrderedGradients
 from .compression import Compression
 from .process_sets import global_process_set
 
@@ -72,11 +75,18 @@ class _DistributedOptimizer:
             for p in members:
                 self._group_of[p] = gi
         self._group_ready = [set() for _ in self._groups]
-        self._compressed: CompressedGradients | None = None
-        if _is_ringlet_compressor(compression) and self._comm is not None:
-            self._compressed = CompressedGradients(
+        self._ordered: OrderedGradients | None = None  # None: each gradient matched by name
+        if self._comm is not None and _is_ringlet_compressor(compression):
+            self._ordered = CompressedGradients(
                 self._comm, _ringlet_compression.get(compression), self._units(), self._parameter_names,
                 op == mpi_ops.Average, gradient_predivide_factor)
+        elif self._comm is not None and not self._groups and op in (mpi_ops.Average, mpi_ops.Sum) \
+                and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named":
+            pre, post = self._scale()
+            world = process_set.ranks == list(range(_world_size()))
+            self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
+                                           compression, self._sparse_reduce, prescale=pre, postscale=post,
+                                           register=lambda fused: _register_fused(fused, world))
 
     def _units(self) -> list[list]:
         """The compressed reductions' units in launch order: each group, or each parameter outside the
@@ -115,9 +125,9 @@ class _DistributedOptimizer:
         if self._allreduce_delay[p] > 0:
             self._handles[p] = (None, None)  # accumulating: counts as pending for zero_grad()
             return
-        if self._compressed is not None:
+        if self._ordered is not None:
             self._handles[p] = (None, None)
-            self._compressed.ready(p, self._dense_grad)
+            self._ordered.ready(p, self._dense_grad)
             return
         gi = self._group_of.get(p)
         if gi is None:
@@ -160,6 +170,11 @@ class _DistributedOptimizer:
                 p.grad = p.grad.to_sparse(sparse_dim)
         self._sparse_dim.clear()
 
+    def _sparse_reduce(self, p, grad):
+        """Start the name-matched reduction of ``p``'s sparse gradient; returns the callable giving it."""
+        return mpi_ops.sparse_allreduce_async(grad, name=self._parameter_names[p], op=self.op,
+                                              process_set=self.process_set)
+
     def _reduce_async(self, p):
         grad = self._dense_grad(p)
         name = self._parameter_names[p]
@@ -194,9 +209,9 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
-        if self._compressed is not None:
+        if self._ordered is not None:
             try:
-                self._compressed.finish(self._dense_grad)
+                self._ordered.finish(self._dense_grad)
                 self._resparsify()
             finally:
                 self._end_step()
@@ -239,8 +254,8 @@ class _DistributedOptimizer:
             self._allreduce_delay[p] = self.backward_passes_per_step
         for ready in self._group_ready:
             ready.clear()
-        if self._compressed is not None:
-            self._compressed.reset()
+        if self._ordered is not None:
+            self._ordered.reset()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -280,6 +295,16 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
+
+
+def _register_fused(fused: FusedGradients, world: bool) -> int:
+    """Number ``fused`` in the current context (creation order, the same on every rank) and, for a world
+    optimizer, record it where ``hvd.join()`` looks (:meth:`ringlet.torch.basics.Context.serve_join`)."""
+    ctx = _context.context()
+    ctx.fused_serial += 1
+    if world:
+        ctx.fused_gradients[ctx.fused_serial] = fused
+    return ctx.fused_serial
 
 
 def _is_ringlet_compressor(compression) -> bool:
