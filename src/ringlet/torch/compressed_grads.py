@@ -1,7 +1,7 @@
 """The gradient reductions of ``hvd.DistributedOptimizer(compression=<a ringlet Compressor>)``.
 
-Horovod's ``Compression.none`` / ``Compression.fp16`` keep their meaning (cast before a name-matched
-all-reduce, cast back after). A :class:`ringlet.compression.Compressor` (or a name for
+Horovod's ``Compression.none`` / ``Compression.fp16`` keep their meaning (cast before the all-reduce,
+cast back after: :mod:`ringlet.torch.ordered_grads`). A :class:`ringlet.compression.Compressor` (or a name for
 :func:`ringlet.compression.get`) instead sends each gradient, or each group of ``groups``, through
 :meth:`ringlet.torch.comm.Comm.allreduce_compressed_`: payloads summed in float32, the compressor's
 state kept per gradient (or group) between steps, the group's shapes handed to compressors with a

@@ -1,9 +1,12 @@
 """``DistributedOptimizer``: the user's optimizer, with gradients averaged across ranks before each step.
 
-Reduction overlaps the backward pass: a hook after each parameter's gradient accumulation starts that
-gradient's all-reduce (named after the parameter, so ranks whose hooks fire in different orders still
-match) as soon as the last of ``backward_passes_per_step`` passes has produced it; ``step()`` only
-waits for the results. Gradients of several backward passes are summed locally first (scale the loss by
+Reduction overlaps the backward pass: a hook after each parameter's gradient accumulation hands the
+gradient on as soon as the last of ``backward_passes_per_step`` passes has produced it; ``step()`` only
+waits for the results. By default gradients are fused into buckets launched in one fixed order on
+ringlet's core queue (:mod:`.ordered_grads`: no negotiation round; ``join()`` is served); with
+``groups``, ops other than Average/Sum or ``RINGLET_HVD_GRADIENTS=named`` each all-reduce is named after
+its parameter and matched by name through the coordinator (ranks whose hooks fire in different orders
+still meet). Gradients of several backward passes are summed locally first (scale the loss by
 ``1 / backward_passes_per_step`` for an average). ``groups`` gathers parameters into grouped all-reduces.
 
 ``compression``: Horovod's ``Compression.none`` / ``Compression.fp16`` (a cast around the name-matched
@@ -395,7 +398,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     than one rank.
 
     ``compression``: ``Compression.none`` (default) or ``Compression.fp16`` as in Horovod (floating
-    gradients travel as float16 through the name-matched all-reduce and are cast back), or a ringlet
+    gradients travel as float16 and are cast back), or a ringlet
     :class:`~ringlet.compression.Compressor` or compressor name (``"fp16"``, ``"int8+ef"``,
     ``"powersgd"``...): each gradient or group then goes through the compressed all-reduce (float32
     accumulation, the compressor's state kept per gradient), launched in a fixed order rather than

@@ -112,6 +112,7 @@ class FusedGradients(OrderedGradients):
         self._session = session_key()
         self.serial = register(self)
         self._checked = [False] * len(self.units)
+        self._keep: list[dict] = [{} for _ in self.units]  # each unit's flat buffers, reused every step
         self._header: tuple[CommFuture, torch.Tensor] | None = None
 
     def _start_step(self) -> None:
@@ -157,22 +158,31 @@ class FusedGradients(OrderedGradients):
             w, ctx = self.compression.compress(g)
             wires.append((p, w))
             ctxs.append(ctx)
-        flats = self._flats([w for _, w in wires])
+        flats = self._flats([w for _, w in wires], self._keep[i])
         return self._reduce(i, flats), flats, wires, ctxs, sparse
 
     @staticmethod
-    def _flats(wires: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[int]]]:
+    def _flats(wires: list[torch.Tensor], keep: dict | None = None) -> list[tuple[torch.Tensor, list[int]]]:
         """One flat buffer per wire dtype (in order of first appearance) with the indices of the wires it
-        holds. A lone contiguous wire is its own buffer (an uncompressed gradient is reduced in place)."""
+        holds. A lone contiguous wire is its own buffer (an uncompressed gradient is reduced in place);
+        other buffers are kept in ``keep`` (by dtype) and reused while their size fits: a fresh buffer of
+        tens of MiB every step costs its page faults."""
         by_dtype: dict[torch.dtype, list[int]] = {}
         for k, w in enumerate(wires):
             by_dtype.setdefault(w.dtype, []).append(k)
         out = []
-        for ks in by_dtype.values():
+        for dtype, ks in by_dtype.items():
             if len(ks) == 1 and wires[ks[0]].is_contiguous():
                 out.append((wires[ks[0]].view(-1), ks))
-            else:
-                out.append((torch.cat([wires[k].reshape(-1) for k in ks]), ks))
+                continue
+            n = sum(wires[k].numel() for k in ks)
+            flat = None if keep is None else keep.get(dtype)
+            if flat is None or flat.numel() != n or flat.device != wires[ks[0]].device:
+                flat = torch.empty(n, dtype=dtype, device=wires[ks[0]].device)
+                if keep is not None:
+                    keep[dtype] = flat
+            torch.cat([wires[k].reshape(-1) for k in ks], out=flat)
+            out.append((flat, ks))
         return out
 
     def _reduce(self, i: int, flats) -> list[CommFuture]:
@@ -204,7 +214,7 @@ class FusedGradients(OrderedGradients):
         """Mirror one step of the members with zero gradients (this rank has joined)."""
         for i in range(len(self.units)):
             zeros = [self.compression.compress(torch.zeros_like(p))[0] for p in self.units[i]]
-            for fut in self._reduce(i, self._flats(zeros)):
+            for fut in self._reduce(i, self._flats(zeros, self._keep[i])):
                 fut.wait()
 
 

@@ -1,0 +1,101 @@
+"""DistributedOptimizer's gradients as ordered, fused all-reduces (ringlet.torch.ordered_grads), ranks as
+threads: buffers per wire dtype, join() with uneven steps on 1-4 ranks, join() with two live optimizers
+stepped in turn, and the name-matched path chosen by RINGLET_HVD_GRADIENTS=named.
+
+Real processes: tests/multiproc/hvd_cases_fused.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ringlet.torch as hvd
+from hvd_world import hvd_world
+from ringlet.torch.ordered_grads import FusedGradients
+
+
+def test_flats_one_buffer_per_wire_dtype_and_a_lone_wire_in_place():
+    wires = [torch.ones(3), torch.full((2,), 2.0, dtype=torch.float16), torch.full((1, 1), 3.0)]
+    flats = FusedGradients._flats(wires)
+    assert [(f.dtype, ks) for f, ks in flats] == [(torch.float32, [0, 2]), (torch.float16, [1])]
+    assert flats[0][0].tolist() == [1.0, 1.0, 1.0, 3.0]
+    assert flats[1][0].data_ptr() == wires[1].data_ptr()  # reduced in place
+
+
+def _model(seed: int = 3) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randint(-2, 3, p.shape, generator=g).float() / 2)
+    return m
+
+
+def _grads(m: nn.Module, rank: int, step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randint(-2, 3, (4, 3), generator=g).float(), torch.randint(-2, 3, (4, 2), generator=g).float()
+    m.zero_grad()
+    F.mse_loss(m(x), y).backward()
+    return [p.grad.clone() for p in m.parameters()]
+
+
+def _step(m, opt, rank: int, step: int, stepping: list[int], n: int, seed: int = 3) -> None:
+    """One step at lr 0; the reduced gradients must be the sum over the stepping ranks / n."""
+    want = [sum(gs) / n for gs in zip(*(_grads(_model(seed), j, step) for j in stepping))]
+    _grads(m, rank, step)
+    opt.synchronize()
+    for p, w in zip(m.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=0, atol=1e-6)
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_join_with_uneven_steps(p):
+    def fn(rank):
+        m = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        steps = [rank + 1 for rank in range(p)]  # rank 0 joins first, the last rank last
+        for s in range(steps[rank]):
+            _step(m, opt, rank, s, [j for j in range(p) if steps[j] > s], p)
+        last = hvd.join()
+        _step(m, opt, rank, 50, list(range(p)), p)  # together again
+        return last
+
+    assert hvd_world(p, fn) == [p - 1] * p
+
+
+def test_join_serves_the_optimizer_the_others_step():
+    """Two optimizers stepped in turn; rank 0 joins first and must mirror both in the others' order."""
+    p = 3
+
+    def fn(rank):
+        m1, m2 = _model(3), _model(5)
+        o1 = hvd.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=0.0), named_parameters=m1.named_parameters())
+        o2 = hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.0), named_parameters=m2.named_parameters())
+        steps = [1, 3, 3]
+        for s in range(steps[rank]):
+            stepping = [j for j in range(p) if steps[j] > s]
+            _step(m1, o1, rank, s, stepping, p, seed=3)
+            _step(m2, o2, rank, 10 + s, stepping, p, seed=5)
+            if s % 2 == 1:
+                _step(m2, o2, rank, 20 + s, stepping, p, seed=5)  # o2 stepped twice: the joined rank must follow
+        return hvd.join()
+
+    assert hvd_world(p, fn) == [2, 2, 2]
+
+
+def test_named_path_on_request(monkeypatch):
+    monkeypatch.setenv("RINGLET_HVD_GRADIENTS", "named")
+
+    def fn(rank):
+        m = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        assert opt._ordered is None
+        _step(m, opt, rank, 0, [0, 1], 2)
+        return True
+
+    assert hvd_world(2, fn) == [True, True]
