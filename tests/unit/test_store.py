@@ -182,6 +182,6 @@ def test_a_closed_server_fails_clients_clearly():
     c = StoreClient("127.0.0.1", s.port, SECRET, timeout=2.0)
     s.close()
     with pytest.raises(StoreError):
-        for _ in range(3):
+        for _ in range(50):  # the close reaches the client within a few tenths of a second, later on a loaded machine
             c.set("k", "v")
             time.sleep(0.1)
