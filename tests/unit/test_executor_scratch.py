@@ -35,3 +35,10 @@ def test_grows_only_when_a_request_is_larger():
 def test_without_workspace_a_fresh_tensor():
     s = _scratch(None, 5, torch.empty(0, dtype=torch.bfloat16))
     assert s.dtype == torch.bfloat16 and s.numel() == 5
+
+
+def test_a_kept_buffer_is_written_in_full_when_made():
+    ws: dict = {}
+    _scratch(ws, 1 << 16, torch.empty(0, dtype=torch.float32))
+    (buf,) = ws.values()
+    assert buf.numel() == 1 << 18 and int(buf.count_nonzero()) == 0  # zero-filled: every page committed

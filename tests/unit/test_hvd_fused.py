@@ -99,3 +99,26 @@ def test_named_path_on_request(monkeypatch):
         return True
 
     assert hvd_world(2, fn) == [True, True]
+
+
+def test_join_after_an_optimizer_of_a_smaller_process_set():
+    """An optimizer of process set {0, 1} exists on its members only: the world optimizer built after it
+    must still carry the same number on every rank, or the joined rank could not tell which one steps."""
+    p = 3
+
+    def fn(rank):
+        ps = hvd.add_process_set([0, 1])
+        if rank in (0, 1):
+            m0 = _model(7)
+            hvd.DistributedOptimizer(torch.optim.SGD(m0.parameters(), lr=0.0), named_parameters=m0.named_parameters(),
+                                     process_set=ps)
+        m = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        steps = [2, 2, 1]  # rank 2, which lacks the smaller set's optimizer, joins first
+        for s in range(steps[rank]):
+            _step(m, opt, rank, s, [j for j in range(p) if steps[j] > s], p)
+        last = hvd.join()
+        hvd.remove_process_set(ps)
+        return last
+
+    assert hvd_world(p, fn) == [1, 1, 1]

@@ -314,14 +314,17 @@ class _PlanBuilder:
 
 def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:
     """``elems`` elements of ``like``'s dtype: a view of the workspace's one byte buffer per device (kept
-    at the largest size asked for, whatever the dtype), or a fresh tensor without a workspace."""
+    at the largest size asked for, whatever the dtype), or a fresh tensor without a workspace. A kept
+    buffer is written in full when it is made, so its memory is committed then, not page by page by the
+    receives of later collectives (whose page faults would land inside them)."""
     if workspace is None:
         return torch.empty(elems, dtype=like.dtype, device=like.device)
     key = ("executor.scratch", like.device)
     nbytes = elems * like.element_size()
     buf = workspace.get(key)
     if buf is None or buf.numel() < nbytes:
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        workspace.pop(key, None)  # the old buffer goes before the new one is committed
+        buf = torch.zeros(nbytes, dtype=torch.uint8, device=like.device)
         workspace[key] = buf
     return buf[:nbytes].view(like.dtype)
 

@@ -182,7 +182,7 @@ class _DistributedOptimizer:
         grad = self._dense_grad(p)
         name = self._parameter_names[p]
         if grad.is_sparse:
-            return mpi_ops.sparse_allreduce_async(grad, name=name, op=self.op, process_set=self.process_set), "sparse"
+            return self._sparse_reduce(p, grad), "sparse"
         wire, ctx = self._compression.compress(grad)
         pre, post = self._scale()
         return self._comm.allreduce_(wire, ReduceOp(self.op), name, prescale=pre, postscale=post), ctx
@@ -301,12 +301,15 @@ class _DistributedOptimizer:
 
 
 def _register_fused(fused: FusedGradients, world: bool) -> int:
-    """Number ``fused`` in the current context (creation order, the same on every rank) and, for a world
-    optimizer, record it where ``hvd.join()`` looks (:meth:`ringlet.torch.basics.Context.serve_join`)."""
+    """Number a world optimizer's ``fused`` in the current context (creation order among the world's
+    optimizers, the same on every rank) and record it where ``hvd.join()`` looks
+    (:meth:`ringlet.torch.basics.Context.serve_join`). An optimizer of a smaller process set exists on its
+    members only, so it is neither counted nor served: 0."""
+    if not world:
+        return 0
     ctx = _context.context()
     ctx.fused_serial += 1
-    if world:
-        ctx.fused_gradients[ctx.fused_serial] = fused
+    ctx.fused_gradients[ctx.fused_serial] = fused
     return ctx.fused_serial
 
 
