@@ -50,6 +50,9 @@ def init(transport=None, options: Options | None = None) -> Runtime:
 
     if collectives._runtime is not None:
         return collectives._runtime
+    from . import memory
+
+    decay = memory.decay_interval()  # a bad RINGLET_MALLOC_DECAY raises before anything starts
     if isinstance(transport, Transport):
         tr = transport
     else:
@@ -69,6 +72,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import liveness
 
     rt.monitor = liveness.start(rt)  # silent peers: RINGLET_PEER_TIMEOUT (docs/reliability.md)
+    rt.heap_decay = memory.start(decay)  # free heap back to the OS every RINGLET_MALLOC_DECAY seconds
     from . import timeline
 
     timeline.configure_from_env(rt.rank)  # RINGLET_TIMELINE / HOROVOD_TIMELINE also for scripts using hooks only
@@ -107,6 +111,8 @@ def shutdown() -> None:
         collectives._set_runtime(None)
         if rt.monitor is not None:
             rt.monitor.stop(clean=True)
+        if rt.heap_decay is not None:
+            rt.heap_decay.stop()
         rt.close()
         from .tuning import select
 

@@ -102,6 +102,8 @@ class Runtime:
         self.profile = None
         # The liveness monitor (ringlet.liveness), set by ringlet.init when the job has a store.
         self.monitor = None
+        # The heap decay thread (ringlet.memory), set by ringlet.init; None when off.
+        self.heap_decay = None
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:
