@@ -7,11 +7,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """An ordered set of global ranks. ``id`` is assigned in creation order, identical on every rank."""
+    """An ordered set of global ranks. ``id`` is assigned in creation order, identical on every rank.
+    ``tag_slot``: the group's share of the message tags (:func:`ringlet.engine.channel.tag_base`); groups
+    that have fewer than two members in common never exchange messages on the same pair of ranks, and
+    may share a slot."""
 
     id: int
     ranks: tuple[int, ...]
     host_of: tuple[int, ...]  # host index of each member, in member order
+    tag_slot: int = 0
 
     @property
     def size(self) -> int:

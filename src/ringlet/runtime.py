@@ -139,15 +139,25 @@ class Runtime:
 
     # ---- groups and tags ------------------------------------------------------------------
     def _add_group(self, ranks: tuple[int, ...], host_of: tuple[int, ...]) -> Group:
-        if len(self.groups) >= MAX_GROUPS:
-            # Message tags carry the group id in GROUP_BITS bits: a 33rd group would share tags with an
-            # earlier one, and the messages of two collectives could be matched with each other.
-            raise RuntimeError(f"ringlet supports {MAX_GROUPS} groups per session (the world included); "
-                               "this would be one more. Reuse groups, or start a new session with "
-                               "ringlet.shutdown() and ringlet.init().")
-        g = Group(len(self.groups), ranks, host_of)
+        g = Group(len(self.groups), ranks, host_of, self._tag_slot(ranks))
         self.groups.append(g)
         return g
+
+    def _tag_slot(self, ranks: tuple[int, ...]) -> int:
+        """The lowest tag slot that no earlier group with two or more of ``ranks`` among its members has.
+
+        Message tags carry the slot in GROUP_BITS bits. Two groups in one slot share tags, which is safe
+        exactly when no pair of ranks belongs to both: a message always travels between two members.
+        Identical on every rank, since every rank creates the same groups in the same order."""
+        members = set(ranks)
+        taken = {g.tag_slot for g in self.groups if len(members.intersection(g.ranks)) >= 2}
+        free = next((s for s in range(MAX_GROUPS) if s not in taken), None)
+        if free is None:
+            raise RuntimeError(
+                f"ringlet supports {MAX_GROUPS} groups per session that share two or more ranks with each "
+                f"other (the world included); ranks {list(ranks)} would make one more. Reuse groups, or "
+                "start a new session with ringlet.shutdown() and ringlet.init().")
+        return free
 
     def new_group(self, ranks) -> Group:
         """Create a sub-group. Like ``torch.distributed.new_group``, every rank calls it in the same order."""
@@ -168,7 +178,7 @@ class Runtime:
         """Tag base of the next op on ``group``; called in execution order, identical on all members."""
         seq = self._seq[group.id]
         self._seq[group.id] = seq + 1
-        return tag_base(group.id, seq)
+        return tag_base(group.tag_slot, seq)
 
     def channel(self, group: Group, workspace: dict | None = None) -> Channel:
         """The channel of the next op on ``group`` (takes its tag: call in execution order). ``workspace``:

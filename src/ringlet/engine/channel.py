@@ -4,7 +4,7 @@ A :class:`Channel` is what every flat-buffer operation of the engine takes inste
 (transport, peers, tag, segment size, timeout, scratch memory). The runtime hands out one per op
 (:meth:`ringlet.runtime.Runtime.channel`), in execution order, so the tags agree on every member.
 
-Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group 5 bits | op sequence 8 bits |
+Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group's tag slot 5 bits | op sequence 8 bits |
 step 16 bits. Steps in the upper half (``META_STEP`` and above) carry an op's metadata exchange.
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ GROUP_BITS, SEQ_BITS, STEP_BITS = 5, 8, 16
 META_STEP = 1 << (STEP_BITS - 1)
 
 
-def tag_base(group_id: int, seq: int) -> int:
-    """First tag of the ``seq``-th op on group ``group_id`` (both wrap around)."""
-    return ((group_id % (1 << GROUP_BITS)) << SEQ_BITS | (seq % (1 << SEQ_BITS))) << STEP_BITS
+def tag_base(tag_slot: int, seq: int) -> int:
+    """First tag of the ``seq``-th op of a group in tag slot ``tag_slot`` (``Group.tag_slot``; both wrap
+    around)."""
+    return ((tag_slot % (1 << GROUP_BITS)) << SEQ_BITS | (seq % (1 << SEQ_BITS))) << STEP_BITS
 
 
 @dataclass(frozen=True, slots=True)
