@@ -119,6 +119,30 @@ def heap_stats() -> dict:
     return out
 
 
+def _describe_referrer(r, skip, depth: int = 3) -> str:
+    """``r``'s type, and for containers and closure cells who holds them, ``depth`` levels up (``skip``:
+    the list of every object, which refers to everything)."""
+    name = type(r).__name__ + (f":{r.f_code.co_name}" if hasattr(r, "f_code") else "")
+    if type(r).__name__ == "function":
+        name += f":{r.__qualname__}"
+    if type(r).__name__ == "cell" or (depth and isinstance(r, (list, dict, tuple))):
+        up = [_describe_referrer(q, skip, depth - 1) for q in gc.get_referrers(r) if q is not skip][:3]
+        name += "<" + ",".join(up) + ">"
+    return name
+
+
+def live_tensors(min_bytes: int = 4 << 20) -> list:
+    """Tensors of ``min_bytes`` or more alive now (``SOAK_LIVE=1``): shape, dtype and who refers to them."""
+    out = []
+    objs = gc.get_objects()
+    for obj in objs:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().nbytes() >= min_bytes:
+            refs = [_describe_referrer(r, objs) for r in gc.get_referrers(obj) if r is not out and r is not objs]
+            out.append({"shape": list(obj.shape), "dtype": str(obj.dtype),
+                        "storage": obj.untyped_storage().nbytes(), "refs": refs[:6]})
+    return out
+
+
 def open_fds() -> int:
     """Open descriptors, not counting files of ``/proc`` being read at that moment (the listing's own,
     and the liveness monitor's read of ``/proc/net/tcp`` every second on another thread)."""
@@ -213,6 +237,8 @@ def run_plan(opts: SoakOptions, groups: Groups, handles: list, native: bool) -> 
         if (i + 1) % opts.sample_every == 0 or i + 1 == opts.ops:
             st.drain()
             st.samples.append(resources(i + 1, t0))
+            if os.environ.get("SOAK_LIVE"):
+                st.samples[-1]["live_tensors"] = live_tensors()
             if os.environ.get("SOAK_SMAPS") and (i + 1) in (1000, 2000, 3000):
                 import shutil; shutil.copy("/proc/self/smaps", f"/tmp/soakd/smaps.r{st.rank}.{i + 1}")
             if st.rank == 0 and (i + 1) % (opts.sample_every * 5) == 0:
