@@ -179,7 +179,11 @@ def wire_bytes():
 
 
 def new_group(ranks) -> Group:
-    """A sub-group of global ``ranks``. Every rank of the world calls it, in the same order."""
+    """A sub-group of global ``ranks``. Every rank of the world calls it, in the same order.
+
+    Message tags have 32 group slots; groups with at most one rank in common share a slot. A new group
+    raises ``RuntimeError`` on every rank when groups with two or more of its ranks already hold all 32
+    (for instance 31 earlier groups over the same two ranks, and the world)."""
     return _rt().new_group(ranks)
 
 

@@ -9,11 +9,12 @@ of everything it has done (docs/soak.md). A :class:`HeapDecay` thread gives back
 * it samples the heap's free bytes (glibc's ``mallinfo2``) ``SAMPLES`` times per ``interval``;
 * at the end of an interval whose smallest sample is at least ``floor`` bytes, memory has been free
   throughout it, and the thread calls ``malloc_trim(0)`` at the next sample that is near that smallest
-  one (within a quarter, or 1 MiB), so that what it gives back is what stayed free, not the activations
-  a training loop frees and takes back every step (trimming those costs the next step its page faults:
-  ``benchmarks/heap_decay_cost.py`` measured 30-45 ms per trim on the synthetic models).
+  one (within a quarter, or 1 MiB): at the moment when the least memory is free, not when a training
+  loop has just freed the activations it takes back in its next step.
 
-A steady training loop, whose free heap drops to about nothing once per step, is never trimmed.
+A loop whose free heap drops below ``floor`` in every interval is never trimmed. One that always keeps
+more free, at addresses that change from step to step, pays the page faults of one trim per interval
+(what that costs is measured in docs/usage.md).
 
 ``RINGLET_MALLOC_DECAY`` sets the interval in seconds (default 10, jemalloc's default decay time; ``0``
 switches it off). It is off where glibc's ``malloc_trim`` is missing (another C library or OS) and where a
