@@ -90,6 +90,7 @@ class ExecQueue:
                     self._cond.notify_all()
                 self._on_move()
                 return
+            batch = None  # the idle thread must not keep the last batch's tensors alive
             with self._cond:
                 self._running = False
                 self._cond.notify_all()

@@ -37,6 +37,9 @@ class _Helper:
                 self.error = None
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self.error = exc
+            # The idle helper must not keep the last job alive: it holds the backend's work, and the
+            # work holds the collective's buffers (torch keeps a tensor whose C++ side is still owned).
+            job = None
             self.done.release()
 
 
