@@ -72,7 +72,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import liveness
 
     rt.monitor = liveness.start(rt)  # silent peers: RINGLET_PEER_TIMEOUT (docs/reliability.md)
-    rt.heap_decay = memory.start(decay)  # free heap back to the OS every RINGLET_MALLOC_DECAY seconds
+    rt.heap_decay = memory.start(decay)  # memory that stayed free goes back to the OS (RINGLET_MALLOC_DECAY)
     from . import timeline
 
     timeline.configure_from_env(rt.rank)  # RINGLET_TIMELINE / HOROVOD_TIMELINE also for scripts using hooks only

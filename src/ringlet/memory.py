@@ -24,7 +24,7 @@ their own rules. Where ``mallinfo2`` is missing (glibc before 2.33) every interv
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -51,12 +51,14 @@ def decay_interval(environ=os.environ) -> float:
     return value
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
-    """This process's C library when it allocates with glibc's malloc; None otherwise."""
+    """This process's C library when it allocates with glibc's malloc; None otherwise. (The symbols
+    already loaded in the process: no library search, which would start a subprocess.)"""
     if not sys.platform.startswith("linux") or "malloc" in os.environ.get("LD_PRELOAD", ""):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         libc.malloc_trim  # noqa: B018 - glibc only
     except (OSError, AttributeError):
         return None
