@@ -57,6 +57,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -226,16 +227,8 @@ def _hvd_optimizer(optimizer, model, opts: dict):
     """``DistributedOptimizer`` with ``opts``; ``gradients=named|fused`` picks how its gradients travel
     (``RINGLET_HVD_GRADIENTS`` while it is built; only one live optimizer of a job can be fused)."""
     gradients = opts.pop("gradients", None)
-    old = os.environ.get("RINGLET_HVD_GRADIENTS")
-    if gradients is not None:
-        os.environ["RINGLET_HVD_GRADIENTS"] = gradients
-    try:
+    with mock.patch.dict(os.environ, {} if gradients is None else {"RINGLET_HVD_GRADIENTS": gradients}):
         return ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **opts)
-    finally:
-        if old is None:
-            os.environ.pop("RINGLET_HVD_GRADIENTS", None)
-        else:
-            os.environ["RINGLET_HVD_GRADIENTS"] = old
 
 
 def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 import ringlet
+from ringlet import memory
 from soak_ops import Mode, Pending, complete, describe, issue
 from soak_plan import Groups, SizeDraw, make_spec
 from soak_summary import merge, print_summary
@@ -97,25 +98,16 @@ def resources(step: int, t0: float) -> dict:
             "threads_os": int(status["Threads"]), "gc_objects": len(gc.get_objects()), **heap_stats()}
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
 def heap_stats() -> dict:
-    """glibc's view of this process's heap (``mallinfo2``; empty where it is missing): ``heap_used``, the
-    bytes in live allocations in the arenas; ``heap_free``, free bytes the arenas hold; ``mmapped``,
-    bytes of allocations served by their own mappings. Plus the sizes of ringlet's bounded caches."""
+    """glibc's view of this process's heap (:func:`ringlet.memory.heap_info`; empty where it is missing):
+    ``heap_used``, the bytes in live allocations in the arenas; ``heap_free``, free bytes the arenas hold;
+    ``mmapped``, bytes of allocations served by their own mappings. Plus the sizes of ringlet's bounded
+    caches."""
     from ringlet.algorithms import cache, executor
     out = {"schedules": len(cache.SCHEDULES), "plans": len(executor.PLANS)}
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except AttributeError:
-        return out
-    fn.restype = _MallInfo2
-    mi = fn()
-    out.update(heap_used=mi.uordblks, heap_free=mi.fordblks, mmapped=mi.hblkhd)
+    info = memory.heap_info()
+    if info is not None:
+        out.update(heap_used=info.used, heap_free=info.free, mmapped=info.mmapped)
     return out
 
 
@@ -239,8 +231,6 @@ def run_plan(opts: SoakOptions, groups: Groups, handles: list, native: bool) -> 
             st.samples.append(resources(i + 1, t0))
             if os.environ.get("SOAK_LIVE"):
                 st.samples[-1]["live_tensors"] = live_tensors()
-            if os.environ.get("SOAK_SMAPS") and (i + 1) in (1000, 2000, 3000):
-                import shutil; shutil.copy("/proc/self/smaps", f"/tmp/soakd/smaps.r{st.rank}.{i + 1}")
             if st.rank == 0 and (i + 1) % (opts.sample_every * 5) == 0:
                 s = st.samples[-1]
                 print(f"soak: step {i + 1}/{opts.ops} {s['seconds']:.0f}s rss {s['rss'] / 2**20:.1f} MiB "

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 DEFAULT_INTERVAL = 10.0
@@ -82,14 +83,33 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def _free_heap() -> Callable[[], int] | None:
-    """A callable giving the free bytes of glibc's heaps (``mallinfo2().fordblks``), or None."""
+@dataclass(frozen=True)
+class HeapInfo:
+    """glibc's view of this process's heaps (``mallinfo2``): ``used``, bytes in live allocations in the
+    arenas; ``free``, free bytes the arenas hold; ``mmapped``, bytes of allocations with their own
+    mappings."""
+
+    used: int
+    free: int
+    mmapped: int
+
+
+def heap_info() -> HeapInfo | None:
+    """This process's :class:`HeapInfo` now, or None where glibc's ``mallinfo2`` is missing."""
     libc = _libc()
     fn = getattr(libc, "mallinfo2", None) if libc is not None else None
     if fn is None:
         return None
     fn.restype = _MallInfo2
-    return lambda: fn().fordblks
+    mi = fn()
+    return HeapInfo(mi.uordblks, mi.fordblks, mi.hblkhd)
+
+
+def _free_heap() -> Callable[[], int] | None:
+    """A callable giving the free bytes of glibc's heaps (``HeapInfo.free``), or None."""
+    if heap_info() is None:
+        return None
+    return lambda: heap_info().free
 
 
 class DecayPolicy:

@@ -12,9 +12,9 @@ travel: as ordered, fused all-reduces (the default, :mod:`ringlet.torch.ordered_
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import zlib
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -28,17 +28,9 @@ MAX_WORLD = 4
 CASES: list = []
 
 
-@contextlib.contextmanager
 def gradients(how: str):
-    old = os.environ.get("RINGLET_HVD_GRADIENTS")
-    os.environ["RINGLET_HVD_GRADIENTS"] = how
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("RINGLET_HVD_GRADIENTS", None)
-        else:
-            os.environ["RINGLET_HVD_GRADIENTS"] = old
+    """``RINGLET_HVD_GRADIENTS=how`` while the block runs."""
+    return mock.patch.dict(os.environ, {"RINGLET_HVD_GRADIENTS": how})
 
 
 def _named(**kw):

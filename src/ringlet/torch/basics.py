@@ -6,10 +6,9 @@ thread, because :func:`init` notices the thread's runtime and keeps the context 
 """
 from __future__ import annotations
 
+import atexit
 import time
 import weakref
-
-import atexit
 
 import ringlet
 from ringlet import collectives as _core

@@ -9,7 +9,6 @@ top-level ``allreduce``/``allgather``/... are the autograd-aware versions.
 """
 from __future__ import annotations
 
-
 import warnings
 from typing import Sequence
 
