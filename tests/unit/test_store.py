@@ -188,3 +188,20 @@ def test_a_closed_server_fails_clients_clearly():
         for _ in range(50):  # the close reaches the client within a few tenths of a second, later on a loaded machine
             c.set("k", "v")
             time.sleep(0.1)
+
+
+def test_a_client_still_in_its_handshake_when_the_server_closes_is_dropped(monkeypatch):
+    import ringlet.store.server as server_mod
+
+    real = server_mod.server_handshake
+
+    def slow_server_side(conn, secret, timeout):  # the client is through; the server has not yet registered it
+        real(conn, secret, timeout)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(server_mod, "server_handshake", slow_server_side)
+    s = StoreServer("127.0.0.1", 0, SECRET)
+    c = StoreClient("127.0.0.1", s.port, SECRET, timeout=2.0)
+    s.close()
+    with pytest.raises(StoreError):
+        c.set("k", "v")

@@ -121,6 +121,9 @@ class StoreServer:
             self._pending.release()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
+            if self._closed:  # closed while this client was proving itself: close() did not see it
+                conn.close()
+                return
             self._conns.add(conn)
         try:
             while True:
@@ -135,14 +138,14 @@ class StoreServer:
             conn.close()
 
     def close(self) -> None:
-        """Stop listening and drop every connection."""
-        self._closed = True
+        """Stop listening and drop every connection, including one still in its handshake."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
         try:
             self._sock.close()
         except OSError:
             pass
-        with self._lock:
-            conns, self._conns = list(self._conns), set()
         for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
