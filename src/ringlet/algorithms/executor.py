@@ -2,7 +2,7 @@
 runs it over any object with ``isend``/``irecv`` (the transport is duck-typed; no transport import).
 
 Pipelining: every transfer is cut into segments. Receives of step ``s+1`` are posted while step ``s``
-is being applied, and a send segment of step ``s+1`` goes out as soon as the received segments of
+is being applied (each as soon as the scratch it lands in is free), and a send segment of step ``s+1`` goes out as soon as the received segments of
 step ``s`` it depends on are reduced, so the reduction of one segment overlaps the transfer of the
 next (the ring's classic chunk pipelining, and a pipelined tree for free).
 """
@@ -80,9 +80,11 @@ def _plan_weight(plan: "Plan", args: tuple) -> int:
 def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
-    The plan's messages are the transfers cut into segments; its actions post every receive one
-    step ahead, post each send segment as soon as the received segments it depends on are applied,
-    and wait for earlier sends whose range a receive or an apply would overwrite (see _PlanBuilder).
+    The plan's messages are the transfers cut into segments; its actions post every receive up to one
+    step ahead (once its range of the one scratch region is free), post each send segment as soon as
+    the received segments it depends on are applied, and wait for earlier sends whose range a receive
+    or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
+    receives, not two steps' worth.
     """
     return _PlanBuilder(schedule, rank, max(1, segment)).build()
 
@@ -123,6 +125,31 @@ class _Streams:
             self.advance(peer, force=True)
 
 
+class _Receives:
+    """Receives of one step, posted in schedule order (FIFO matching) as the scratch frees: one whose
+    scratch range ends at ``e`` waits until the previous step's receives below ``e`` are applied, so
+    consecutive steps share one scratch region. Direct receives need no scratch."""
+
+    def __init__(self, pb: "_PlanBuilder", step: int):
+        self.pb, self.step = pb, step
+        self.ids = pb.ids(pb.recv_runs[step])
+        self.cursor = 0
+        self.older = {run.first: pb.send_runs_over(run, step - 1) for run in pb.recv_runs[step]}
+        self.run_of = {rid: run.first for run in pb.recv_runs[step] for rid in range(run.first, run.first + run.nseg)}
+
+    def post(self, freed: int | None) -> None:
+        """Post the receives whose scratch lies below ``freed`` elements (None: all of them)."""
+        pb, ids = self.pb, self.ids
+        while self.cursor < len(ids):
+            rid = ids[self.cursor]
+            r = pb.msgs[rid]
+            if not r.direct and freed is not None and r.scratch + r.count > freed:
+                return
+            hazards = pb._hazards(r, self.older[self.run_of[rid]]) if r.direct else ()
+            pb.actions.append((POST_RECV, rid, hazards))
+            self.cursor += 1
+
+
 class _PlanBuilder:
     """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
     (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
@@ -148,17 +175,16 @@ class _PlanBuilder:
         self.recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
         self.actions: list[tuple] = []
         self.outstanding: set[int] = set()  # posted sends not yet waited for
-        self.scratch_need = [0, 0]
+        self.scratch_need = 0
 
     def build(self) -> Plan:
         self.segment_messages()
         if self.nsteps:
-            self.post_recvs(0)
+            _Receives(self, 0).post(None)
             _Streams(self, 0).flush()
         for s in range(self.nsteps):
             self.run_step(s)
-        scratch = 2 * max(self.scratch_need) if self.nsteps else 0
-        return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), scratch)
+        return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), self.scratch_need)
 
     def answers(self, s: int, peer: int, sd: tuple) -> bool:
         """True when ``peer``'s step-``s`` message to ``rank`` can only start after ``peer`` has fully
@@ -227,12 +253,9 @@ class _PlanBuilder:
                     if not direct:
                         used += n
                 self.recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
-            self.scratch_need[s % 2] = max(self.scratch_need[s % 2], used)
-        # Scratch alternates between two halves: step s+1 is received while step s is applied.
-        half = self.scratch_need[0]
-        self.msgs = [m if m.is_send or m.direct or m.step % 2 == 0 else
-                     Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
-                     for m in msgs]
+            # Every step lays its receives out from the scratch's start, in apply order: a receive of
+            # step s+1 is posted once the receives of step s below its end are applied (_Receives).
+            self.scratch_need = max(self.scratch_need, used)
 
     def send_runs_over(self, run: _Run, last: int) -> list[_Run]:
         """Send runs of steps ``0..last-1`` overlapping ``run``'s range, in step and schedule order."""
@@ -253,13 +276,6 @@ class _PlanBuilder:
         self.outstanding.difference_update(hazards)
         return tuple(hazards)
 
-    def post_recvs(self, step: int) -> None:
-        for run in self.recv_runs[step]:
-            older = self.send_runs_over(run, step - 1)
-            for rid in range(run.first, run.first + run.nseg):
-                r = self.msgs[rid]
-                hazards = self._hazards(r, older) if r.direct else ()
-                self.actions.append((POST_RECV, rid, hazards))
 
     def last_input(self, s: int, m: Msg) -> int:
         """Id of the last received segment of step ``s`` overlapping message ``m`` (-1: none)."""
@@ -296,9 +312,10 @@ class _PlanBuilder:
         """Post step s+1's receives, apply step s's received segments in order, releasing the sends
         of step s+1 that each one completes, then flush the rest of step s+1's sends."""
         nxt = _Streams(self, s + 1) if s + 1 < self.nsteps else None
+        recvs = _Receives(self, s + 1) if nxt is not None else None
         unlocks: dict[int, list[int]] = {}
         if nxt is not None:
-            self.post_recvs(s + 1)
+            recvs.post(0)
             unlocks = self.unlocks(s, nxt)
         for run in self.recv_runs[s]:
             writers_hazard = self.send_runs_over(run, s + 1)
@@ -306,9 +323,12 @@ class _PlanBuilder:
                 r = self.msgs[rid]
                 hazards = self._hazards(r, writers_hazard) if writers_hazard and not r.direct else ()
                 self.actions.append((APPLY, rid, hazards))
+                if recvs is not None and not r.direct:
+                    recvs.post(r.scratch + r.count)
                 for mid in unlocks.get(rid, ()):
                     nxt.mark(mid)
         if nxt is not None:
+            recvs.post(None)
             nxt.flush()
 
 
