@@ -2,9 +2,10 @@
 runs it over any object with ``isend``/``irecv`` (the transport is duck-typed; no transport import).
 
 Pipelining: every transfer is cut into segments. Receives of step ``s+1`` are posted while step ``s``
-is being applied (each as soon as the scratch it lands in is free), and a send segment of step ``s+1`` goes out as soon as the received segments of
-step ``s`` it depends on are reduced, so the reduction of one segment overlaps the transfer of the
-next (the ring's classic chunk pipelining, and a pipelined tree for free).
+is being applied (each as soon as the scratch it lands in is free), and a send segment of step ``s+1``
+goes out as soon as the received segments of step ``s`` it depends on are reduced, so the reduction of
+one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
+tree for free).
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class _Receives:
     consecutive steps share one scratch region. Direct receives need no scratch."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
-        self.pb, self.step = pb, step
+        self.pb = pb
         self.ids = pb.ids(pb.recv_runs[step])
         self.cursor = 0
         self.older = {run.first: pb.send_runs_over(run, step - 1) for run in pb.recv_runs[step]}
@@ -276,7 +277,6 @@ class _PlanBuilder:
         self.outstanding.difference_update(hazards)
         return tuple(hazards)
 
-
     def last_input(self, s: int, m: Msg) -> int:
         """Id of the last received segment of step ``s`` overlapping message ``m`` (-1: none)."""
         runs, end = self.recv_runs[s], m.offset + m.count
@@ -309,8 +309,9 @@ class _PlanBuilder:
         return out
 
     def run_step(self, s: int) -> None:
-        """Post step s+1's receives, apply step s's received segments in order, releasing the sends
-        of step s+1 that each one completes, then flush the rest of step s+1's sends."""
+        """Apply step s's received segments in order, posting step s+1's receives as the scratch they
+        land in frees and releasing the sends of step s+1 that each segment completes, then post the
+        rest of step s+1's receives and sends."""
         nxt = _Streams(self, s + 1) if s + 1 < self.nsteps else None
         recvs = _Receives(self, s + 1) if nxt is not None else None
         unlocks: dict[int, list[int]] = {}
