@@ -85,7 +85,7 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     step ahead (once its range of the one scratch region is free), post each send segment as soon as
     the received segments it depends on are applied, and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
-    receives, not two steps' worth.
+    receives, twice that when they fit in one segment.
     """
     return _PlanBuilder(schedule, rank, max(1, segment)).build()
 
@@ -176,7 +176,8 @@ class _PlanBuilder:
         self.recv_runs: list[list[_Run]] = [[] for _ in range(nsteps)]
         self.actions: list[tuple] = []
         self.outstanding: set[int] = set()  # posted sends not yet waited for
-        self.scratch_need = 0
+        self.scratch_need = 0  # elements of the largest step's non-direct receives
+        self.two_regions = False  # set by segment_messages: see there
 
     def build(self) -> Plan:
         self.segment_messages()
@@ -185,7 +186,8 @@ class _PlanBuilder:
             _Streams(self, 0).flush()
         for s in range(self.nsteps):
             self.run_step(s)
-        return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), self.scratch_need)
+        scratch = self.scratch_need * (2 if self.two_regions else 1)
+        return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), scratch)
 
     def answers(self, s: int, peer: int, sd: tuple) -> bool:
         """True when ``peer``'s step-``s`` message to ``rank`` can only start after ``peer`` has fully
@@ -254,9 +256,19 @@ class _PlanBuilder:
                     if not direct:
                         used += n
                 self.recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
-            # Every step lays its receives out from the scratch's start, in apply order: a receive of
-            # step s+1 is posted once the receives of step s below its end are applied (_Receives).
             self.scratch_need = max(self.scratch_need, used)
+        # Every step lays its receives out from the scratch's start, in apply order. When a step's
+        # receives fit in one segment, odd steps use a second region, so that all of step s+1's
+        # receives are posted before step s is applied (one segment per step could not otherwise
+        # overlap its transfer with the previous step's reduction). Larger steps share one region: a
+        # receive of step s+1 is posted once the receives of step s below its end are applied
+        # (_Receives), one segment behind, at half the memory.
+        self.two_regions = 0 < self.scratch_need <= self.segment
+        if self.two_regions:
+            half = self.scratch_need
+            self.msgs = [m if m.is_send or m.direct or m.step % 2 == 0 else
+                         Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
+                         for m in msgs]
 
     def send_runs_over(self, run: _Run, last: int) -> list[_Run]:
         """Send runs of steps ``0..last-1`` overlapping ``run``'s range, in step and schedule order."""
@@ -316,7 +328,7 @@ class _PlanBuilder:
         recvs = _Receives(self, s + 1) if nxt is not None else None
         unlocks: dict[int, list[int]] = {}
         if nxt is not None:
-            recvs.post(0)
+            recvs.post(None if self.two_regions else 0)
             unlocks = self.unlocks(s, nxt)
         for run in self.recv_runs[s]:
             writers_hazard = self.send_runs_over(run, s + 1)
