@@ -129,7 +129,8 @@ class _Streams:
 class _Receives:
     """Receives of one step, posted in schedule order (FIFO matching) as the scratch frees: one whose
     scratch range ends at ``e`` waits until the previous step's receives below ``e`` are applied, so
-    consecutive steps share one scratch region. Direct receives need no scratch."""
+    consecutive steps share one scratch region (with two regions, ``post(None)`` posts them all at
+    once). Direct receives need no scratch."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
