@@ -94,22 +94,29 @@ class HeapInfo:
     mmapped: int
 
 
-def heap_info() -> HeapInfo | None:
-    """This process's :class:`HeapInfo` now, or None where glibc's ``mallinfo2`` is missing."""
+@functools.lru_cache(maxsize=1)
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    """glibc's ``mallinfo2`` returning its structure, or None where it is missing (glibc before 2.33)."""
     libc = _libc()
     fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
+
+
+def heap_info() -> HeapInfo | None:
+    """This process's :class:`HeapInfo` now, or None where glibc's ``mallinfo2`` is missing."""
+    fn = _mallinfo2()
     if fn is None:
         return None
-    fn.restype = _MallInfo2
     mi = fn()
     return HeapInfo(mi.uordblks, mi.fordblks, mi.hblkhd)
 
 
 def _free_heap() -> Callable[[], int] | None:
     """A callable giving the free bytes of glibc's heaps (``HeapInfo.free``), or None."""
-    if heap_info() is None:
-        return None
-    return lambda: heap_info().free
+    fn = _mallinfo2()
+    return None if fn is None else (lambda: fn().fordblks)
 
 
 class DecayPolicy:

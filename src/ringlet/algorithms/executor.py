@@ -134,21 +134,21 @@ class _Receives:
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
-        self.ids = pb.ids(pb.recv_runs[step])
+        self.queue: list[tuple[int, list[_Run]]] = []  # each segment, with its run's older sends (direct ones)
+        for run in pb.recv_runs[step]:
+            older = pb.send_runs_over(run, step - 1)
+            self.queue += [(rid, older) for rid in range(run.first, run.first + run.nseg)]
         self.cursor = 0
-        self.older = {run.first: pb.send_runs_over(run, step - 1) for run in pb.recv_runs[step]}
-        self.run_of = {rid: run.first for run in pb.recv_runs[step] for rid in range(run.first, run.first + run.nseg)}
 
     def post(self, freed: int | None) -> None:
         """Post the receives whose scratch lies below ``freed`` elements (None: all of them)."""
-        pb, ids = self.pb, self.ids
-        while self.cursor < len(ids):
-            rid = ids[self.cursor]
+        pb, queue = self.pb, self.queue
+        while self.cursor < len(queue):
+            rid, older = queue[self.cursor]
             r = pb.msgs[rid]
             if not r.direct and freed is not None and r.scratch + r.count > freed:
                 return
-            hazards = pb._hazards(r, self.older[self.run_of[rid]]) if r.direct else ()
-            pb.actions.append((POST_RECV, rid, hazards))
+            pb.actions.append((POST_RECV, rid, pb._hazards(r, older) if r.direct else ()))
             self.cursor += 1
 
 
