@@ -82,7 +82,7 @@ def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
     The plan's messages are the transfers cut into segments; its actions post every receive up to one
-    step ahead (once its range of the one scratch region is free), post each send segment as soon as
+    step ahead (once its scratch range is free), post each send segment as soon as
     the received segments it depends on are applied, and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
     receives, twice that when they fit in one segment.
