@@ -14,7 +14,7 @@ time per call (user + system) beside it, which tells computing from waiting:
 * ``alltoall-round``: one round in which every rank sends the vector to every peer;
 * ``meta``: the metadata check alone (the record all-gather ``collectives._checked`` runs);
 * ``engine:<name>``: the prototypes of :mod:`ringlet.engine.small` (``small``, ``small-nocheck``,
-  ``small-raw``; ``small-raw@spin30``: with the shm waiter spinning 30 us, yielding, before it sleeps).
+  ``small-raw``; ``small-raw@spin30``: with the mailbox waiter spinning 30 us, yielding, before it sleeps).
 """
 from __future__ import annotations
 
@@ -94,11 +94,11 @@ def _engine_pieces(names: str, rt, t: torch.Tensor) -> dict:
         runner = small_runners.runner(base, rt, t)
         if spin:  # the shm waiter's spin before sleeping, in microseconds, for this runner only
             def runner(runner=runner, spin=float(spin) * 1e-6):
-                old, tr._spin = tr._spin, spin
+                old, tr._mailbox_spin = tr._mailbox_spin, spin
                 try:
                     runner()
                 finally:
-                    tr._spin = old
+                    tr._mailbox_spin = old
         runs[f"engine:{name}"] = runner
     return runs
 

@@ -83,12 +83,28 @@ def resolve_algorithm(name: str | None, rt: Runtime) -> str:
 
 
 # ---- all-reduce ---------------------------------------------------------------------------------
+_METAS: dict[tuple, Meta] = {}  # all-reduce records by (dtype, shape, device, op, algorithm, scales)
+_METAS_MAX = 256
+
+
+def _allreduce_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: float) -> Meta:
+    """The record of an all-reduce of ``buf``; the same object for the same call (a training loop's
+    calls repeat a few shapes)."""
+    key = (buf.dtype, buf.shape, buf.device, op, algo, pre, post)
+    meta = _METAS.get(key)
+    if meta is None:
+        if len(_METAS) >= _METAS_MAX:
+            _METAS.clear()
+        forced = "" if algo == select.AUTO else algo
+        meta = _METAS[key] = Meta.of("", Kind.ALLREDUCE, buf, op=op, algorithm=forced, pre=pre, post=post)
+    return meta
+
+
 def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
                    post: float, check: bool) -> torch.Tensor:
     ch = rt.channel(g)
-    flat = buf.view(-1)
-    forced = "" if algo == select.AUTO else algo
-    meta = Meta.of("", Kind.ALLREDUCE, buf, op=red.op, algorithm=forced, pre=pre, post=post) if check else None
+    flat = buf if buf.dim() == 1 else buf.view(-1)
+    meta = _allreduce_meta(buf, red.op, algo, pre, post) if check else None
     if ops.small_allreduce_(ch, flat, red, algo, pre, post, meta):  # the check travels with the data
         return buf
     if check:

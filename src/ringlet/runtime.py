@@ -18,17 +18,20 @@ from .timeline import now_us
 from .types import Options, PeerError
 
 
+_WORK_LOCK = threading.Lock()  # guards every Work's completion against a waiter or a callback arriving
+
+
 class Work:
     """Handle of an asynchronous collective: ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "span")
+    __slots__ = ("_done", "_event", "_result", "_error", "_callbacks", "span")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made only for a wait that has to block
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[["Work"], None]] = []
-        self._lock = threading.Lock()
+        self._callbacks: list[Callable[["Work"], None]] | None = None
         self.span: tuple[float, float] | None = None  # (start, end) of its execution, timeline microseconds
 
     def _run(self, fn: Callable[[], Any]) -> None:
@@ -42,30 +45,39 @@ class Work:
         self._finish(result, error)
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        with self._lock:
+        with _WORK_LOCK:
             self._result, self._error = result, error
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
+            self._done = True
+            if self._event is not None:
+                self._event.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for cb in callbacks or ():
             cb(self)
 
     def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
         """Call ``fn(work)`` once the collective has completed, on the thread that completes it (at
         once, on this thread, when it already has). ``fn`` must not raise."""
-        with self._lock:
-            if not self._event.is_set():
+        with _WORK_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
 
     def done(self) -> bool:
         """True once the collective has completed (successfully or not); never blocks."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until completion; return the result (the output tensor) or raise the collective's error."""
-        if not self._event.wait(timeout):
-            raise TimeoutError("collective still running")
+        if not self._done:
+            with _WORK_LOCK:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError("collective still running")
         if self._error is not None:
             raise self._error
         return self._result

@@ -133,7 +133,7 @@ def dead_receiver(tr: ShmTransport) -> dict:
 
 def mailbox(tr: ShmTransport) -> dict:
     """engine.small over the mailbox between processes: 300 rounds of changing sizes and dtypes (both
-    slots reused many times), a shape mismatch every rank must report, then the last rank dies in the
+    slots reused many times, a rank late in turn), a shape mismatch every rank must report, then the last rank dies in the
     middle of a round and the others must get PeerError, not a hang."""
     from ringlet.engine import small
     from ringlet.engine.meta import Kind, Meta
@@ -151,10 +151,19 @@ def mailbox(tr: ShmTransport) -> dict:
                          small.carrier(ch, t.numel() * t.element_size()))
         return flat
 
+    # Without a spin every wait sleeps; with a long liveness interval, a sleeper the last publisher failed
+    # to post would sleep for a minute, and the job would time out instead of passing slowly.
+    import ringlet.transport.shm as shm_module
+    check_every = shm_module._CHECK_EVERY
+    if os.environ.get("RINGLET_SHM_MAILBOX_SPIN_US") == "0":
+        shm_module._CHECK_EVERY = 60.0
     for k in range(300):
         n, dt = (1, 7, 1000, 8192)[k % 4], dtypes[k % 3]
         base = (torch.arange(n) % 5).to(dt)
+        if k % 7 == me:  # a late publisher: the others poll past their spin and sleep on their doorbells
+            time.sleep(0.0005)
         ok.append(bool(torch.equal(run(base + me), base * p + sum(range(p)))))
+    shm_module._CHECK_EVERY = check_every
     try:
         run(torch.ones(3 if me == 0 else 4))
         mismatch = None

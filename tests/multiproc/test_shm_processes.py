@@ -84,11 +84,13 @@ def test_dead_peer_raises_peer_error(tmp_path):
     no_segments_left(results)
 
 
+@pytest.mark.parametrize("spin", ["default", "sleep"])
 @pytest.mark.parametrize("p", [2, 4])
-def test_mailbox_small_allreduce(p, tmp_path):
+def test_mailbox_small_allreduce(p, spin, tmp_path):
     """The one-round small all-reduce (engine.small over the shm mailbox) between real processes: 300
-    exact rounds, the same MismatchError on every rank, and PeerError when a rank dies mid-round."""
-    codes, results = launch("mailbox", p, tmp_path)
+    exact rounds, the same MismatchError on every rank, and PeerError when a rank dies mid-round; with
+    the default spin, and with none (every wait sleeps, so the last publisher must post each sleeper)."""
+    codes, results = launch("mailbox", p, tmp_path, {"RINGLET_SHM_MAILBOX_SPIN_US": "0"} if spin == "sleep" else None)
     assert codes == [0] * (p - 1) + [17]
     for r in range(p - 1):
         res = results[r]

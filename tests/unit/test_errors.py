@@ -11,7 +11,7 @@ import torch
 from conftest import run_world
 
 import ringlet
-from ringlet.transport.inproc import InprocWorld
+from ringlet.transport.inproc import InprocTransport, InprocWorld
 from ringlet.types import CollectiveTimeout, MismatchError, Options, PeerError
 from ringlet.engine.channel import META_STEP
 
@@ -123,8 +123,17 @@ def _mismatch_cases(p):
     }
 
 
+@pytest.fixture(params=["schedules", "p2p-rd"])
+def carrier(request, monkeypatch):
+    """The core API's checks and small all-reduces on ringlet's schedules (the in-process default), or
+    over the in-band recursive doubling that MPI's transport asks for (``small_p2p``)."""
+    if request.param == "p2p-rd":
+        monkeypatch.setattr(InprocTransport, "small_p2p", True)
+    return request.param
+
+
 @pytest.mark.parametrize("p", [2, 3, 5])
-def test_mismatch_raises_on_every_rank_and_next_collective_works(p):
+def test_mismatch_raises_on_every_rank_and_next_collective_works(p, carrier):
     names = sorted(_mismatch_cases(p))
 
     def fn(rank):
@@ -146,7 +155,7 @@ def test_mismatch_raises_on_every_rank_and_next_collective_works(p):
 
 
 @pytest.mark.parametrize("p", [1, 2, 5])
-def test_check_off_still_correct_for_matched_calls(p):
+def test_check_off_still_correct_for_matched_calls(p, carrier):
     def fn(rank):
         x = torch.full((2, 3), float(rank + 1))
         outs = [ringlet.allreduce(x, algorithm=a) for a in ("ring", "tree", "halving_doubling", "auto")]

@@ -218,3 +218,20 @@ def test_exchange_records_ragged():
     want = [[[q * 10, 7] for q in range(3)]] * 3
     assert shm_runtimes(3, fn) == want
     assert run_world(3, lambda r: fn(C.runtime())) == want
+
+
+def test_the_carrier_follows_the_transport(monkeypatch):
+    """The collectives' carrier: none over point-to-point unless the transport asks for the in-band
+    recursive doubling (``small_p2p``, as MPI's does); then every group, not only the world, has it."""
+    from ringlet.transport.inproc import InprocTransport
+
+    def carriers(r):
+        rt = C.runtime()
+        sub = rt.new_group([0, 1])
+        sub_ch = Channel(rt.transport, sub, sub.rank_of(rt.rank), 0) if rt.rank in sub else None
+        return (small.carrier(_probe(rt), 16), small.carrier(_probe(rt), small.P2P_MAX_BYTES + 1),
+                None if sub_ch is None else small.carrier(sub_ch, 16))
+
+    assert run_world(3, carriers) == [(None, None, None), (None, None, None), (None, None, None)]
+    monkeypatch.setattr(InprocTransport, "small_p2p", True)
+    assert run_world(3, carriers) == [("p2p-rd", None, "p2p-rd")] * 2 + [("p2p-rd", None, None)]

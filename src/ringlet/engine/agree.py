@@ -3,7 +3,7 @@
 :func:`exchange` all-gathers one fixed-size byte slot per member: the core API's metadata records,
 the Horovod coordinator's negotiation messages and the runtime's hostnames all travel through it.
 :func:`agree` is the core API's check. Where the group has a small-message carrier
-(:func:`ringlet.engine.small.carrier`: shared memory's mailbox, or point-to-point with ``irecv_upto``)
+(:func:`ringlet.engine.small.carrier`: shared memory's mailbox, or MPI's point-to-point)
 the records travel over it, as the small all-reduce carries its own in band, so that members calling
 different ops meet in the same messages. Elsewhere, on transports with a cheap native all-reduce
 (``native_digest``) the members first compare a 62-bit digest of their records in one tiny

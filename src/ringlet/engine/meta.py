@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -68,6 +68,7 @@ class Meta:
     splits: tuple[int, ...] = ()
     algorithm: str = ""
     compression: str = ""
+    _encoded: bytes = field(default=b"", init=False, compare=False, repr=False)  # encode()'s, once made
 
     @staticmethod
     def of(name: str, kind: int, t: torch.Tensor | None, **kw) -> "Meta":
@@ -78,14 +79,19 @@ class Meta:
         return Meta(name, kind, dtype=DTYPE_CODE[t.dtype], shape=tuple(t.shape), device=device, **kw)
 
     def encode(self) -> bytes:
+        """The wire form (:meth:`decode` reads it back); made once per record object."""
+        if self._encoded:
+            return self._encoded
         name, algo, comp = self.name.encode(), self.algorithm.encode(), self.compression.encode()
-        return b"".join((
+        raw = b"".join((
             _HEAD.pack(self.ps_id, self.kind, self.dtype, self.op, self.device, self.root, self.pre, self.post),
             struct.pack(f"<B{len(self.shape)}q", len(self.shape), *self.shape),
             struct.pack(f"<I{len(self.splits)}q", len(self.splits), *self.splits),
             struct.pack("<H", len(name)), name, struct.pack("<B", len(algo)), algo,
             struct.pack("<B", len(comp)), comp,
         ))
+        object.__setattr__(self, "_encoded", raw)
+        return raw
 
     @staticmethod
     def decode(buf: bytes, off: int = 0) -> tuple["Meta", int]:

@@ -11,10 +11,11 @@ Three carriers:
   groups only), one round: each member copies its vector into its own slot, the last to publish
   wakes the others, and every member reduces the ``p`` slots in rank order. A mismatch of sizes is
   seen in the records before any payload is read.
-* ``p2p-rd`` (the default on transports with ``irecv_upto``: MPI, in-process): recursive doubling
-  with every member's record carried in band (:mod:`._rd_inband`): ``⌈log₂p⌉`` rounds, no round
-  of its own for the check. On the emulated 1 Gbit/s cluster it beat the one-round ``p2p``, whose
-  ``(p-1)`` incoming messages share one capped link and cost more CPU.
+* ``p2p-rd`` (the collectives' carrier on MPI; on request on any transport with ``irecv_upto``):
+  recursive doubling with every member's record carried in band (:mod:`._rd_inband`): ``⌈log₂p⌉``
+  rounds, no round of its own for the check. On the emulated 1 Gbit/s cluster it beat the one-round
+  ``p2p``, whose ``(p-1)`` incoming messages share one capped link and cost more CPU, and MPI's own
+  all-reduce behind a digest round.
 * ``p2p``: one round, one message per peer, received into a buffer of :data:`P2P_MAX_BYTES` so that a
   peer with another size is named by its record instead of failing the receive; reduced in rank order.
 
@@ -37,15 +38,16 @@ _HDR = 8  # p2p frame: payload bytes (int64), then the record, then the payload
 
 
 def carrier(ch: Channel, nbytes: int, limit: int | None = None, *, p2p: bool = False) -> str | None:
-    """``"mailbox"`` (shm, the runtime's world group), with ``p2p`` also ``"p2p-rd"`` (transports with
-    ``irecv_upto``), or ``None`` (use the schedules) for an all-reduce of ``nbytes`` on ``ch``'s group.
-    ``limit`` caps the payload (default: the carrier's own capacity). ``carrier(ch, 0)`` says whether
-    the group has a small carrier at all: then every checked collective must agree through
-    :func:`records` on it, so that members calling different ops meet in the same messages.
+    """``"mailbox"`` (shm, the runtime's world group), ``"p2p-rd"`` (transports with ``irecv_upto`` that
+    set ``small_p2p``: MPI; any with ``irecv_upto`` when ``p2p``), or ``None`` (use the schedules) for an
+    all-reduce of ``nbytes`` on ``ch``'s group. ``limit`` caps the payload (default: the carrier's own
+    capacity). ``carrier(ch, 0)`` says whether the group has a small carrier at all: then every checked
+    collective must agree through :func:`records` on it, so that members calling different ops meet in
+    the same messages.
 
-    The collectives use the mailbox only: over point-to-point, recursive doubling's indirect
-    dependencies would hide a dead peer behind a live one that stopped on its error, until the timeout
-    (the mailbox watches every peer). The p2p carriers stay for explicit use and benchmarks."""
+    Over point-to-point a dead peer can hide behind a live one that stopped on its error (recursive
+    doubling's indirect dependencies), as in every schedule; the liveness monitor names it. The mailbox
+    watches every peer itself."""
     tr = ch.transport
     if ch.size < 2:
         return None
@@ -55,7 +57,7 @@ def carrier(ch: Channel, nbytes: int, limit: int | None = None, *, p2p: bool = F
     if box is not None and ch.group.id == 0 and ch.size == tr.size:
         cap = tr.mailbox_payload_max
         return "mailbox" if nbytes <= (cap if limit is None else min(cap, limit)) else None
-    if p2p and hasattr(tr, "irecv_upto"):
+    if (p2p or getattr(tr, "small_p2p", False)) and hasattr(tr, "irecv_upto"):
         return "p2p-rd" if nbytes <= (P2P_MAX_BYTES if limit is None else min(P2P_MAX_BYTES, limit)) else None
     return None
 

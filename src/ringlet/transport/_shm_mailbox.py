@@ -13,6 +13,8 @@ starts only after every peer published round ``s + 1``, and a peer publishes ``s
 finished reading round ``s`` (the caller must be done with the views of round ``s`` before it calls
 again). Waiting sleeps on the rank's own doorbell (posts are counted, so a publish between the
 check and the sleep ends the sleep at once), capped at ``check_every`` seconds to notice dead peers.
+A waiter first polls for the transport's mailbox spin (yielding the core between polls), and marks
+in its slot that it sleeps before it does, so that the last publisher posts only sleepers.
 
 The world only: every rank of the transport takes part in every round. Sub-groups must not use it.
 """
@@ -32,9 +34,11 @@ from ._shm_ring import MAILBOX_PAYLOAD as PAYLOAD_MAX
 from ._shm_ring import MAILBOX_SLOT as SLOT_BYTES
 from ._shm_ring import MAILBOX_SLOT_HEADER as SLOT_HEADER
 
-# Slot header: seq @0, payload bytes @8, record bytes @16, record @64 (at most RECORD_MAX bytes).
+# Slot header: seq @0, payload bytes @8, record bytes @16, the round its owner sleeps in @24, record @64
+# (at most RECORD_MAX bytes).
 RECORD_MAX = 1024
 _REC_OFF = 64
+_SLEEP = 3  # word of the slot header: the owner sleeps waiting for this round (its doorbell needs a post)
 
 _memmove = ctypes.memmove
 _yield = os.sched_yield
@@ -81,13 +85,16 @@ class Mailbox:
         return s
 
     def _wake_if_last(self, s: int, w: int) -> None:
-        """Post every peer's doorbell if every rank has now published round ``s``.
+        """Post the doorbell of every peer that sleeps waiting for round ``s``, if every rank has now
+        published it.
 
-        Only the last publisher needs to wake anyone (a peer cannot finish before it), so a round costs
-        each sleeper one wake-up, not one per peer. The fence (a post on our own doorbell, a locked add)
-        between our store of ``s`` and our loads of the peers' words makes it a Dekker handshake: of
-        publishers racing to be last, at least one sees every store and posts; we drain our own post
-        before sleeping."""
+        Only the last publisher needs to wake anyone (a peer cannot finish before it), and only the
+        peers that marked their slot as sleeping. Fences on both sides make it a Dekker handshake:
+        we store ``s``, fence (a post on our own doorbell, a locked add), then load the peers' words
+        and sleep marks; a sleeper stores its mark, fences (taking the transport's lock), then loads
+        the words. Either the sleeper sees every ``s``, or the publisher that saw every ``s`` sees its
+        mark and posts. Of publishers racing to be last, at least one sees every store; we drain our
+        own post before sleeping."""
         tr = self.tr
         post, bells, segs = tr._lib.sem_post, tr._doorbells, tr._segs
         post(bells[self.me])
@@ -95,7 +102,8 @@ class Mailbox:
             if segs[q].words[w] != s:
                 return
         for q in self._peers:
-            post(bells[q])
+            if segs[q].words[w + _SLEEP] == s:
+                post(bells[q])
 
     def wait(self, seq: int, timeout: float | None, check_every: float) -> None:
         """Block until every peer has published round ``seq``; PeerError if one died or closed,
@@ -109,7 +117,7 @@ class Mailbox:
         lib, bell = tr._lib, tr._doorbells[self.me]
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
-        spin_end = now + tr._spin
+        spin_end = now + tr._mailbox_spin
         next_check = now + check_every
         while True:
             pending = [q for q in pending if segs[q].words[w] != seq]
@@ -125,6 +133,7 @@ class Mailbox:
             if deadline is not None and now >= deadline:
                 raise CollectiveTimeout(f"rank {self.me}: timed out after {timeout:.1f}s in a small all-gather "
                                         f"(round {seq}), waiting for ranks {pending}")
+            segs[self.me].words[w + _SLEEP] = seq  # then the lock's fence, then the words are loaded again
             with tr._lock:
                 if tr.aborted is not None:
                     raise tr.aborted_error()
@@ -178,11 +187,6 @@ class Mailbox:
 
     def payload_bytes(self, q: int, seq: int) -> int:
         return self.tr._segs[q].words[self._slot(q, seq) // 8 + 1]
-
-    def slot_bytes(self, q: int, seq: int) -> int:
-        """Record and payload bytes rank ``q`` published in round ``seq``."""
-        words, w = self.tr._segs[q].words, self._slot(q, seq) // 8
-        return words[w + 1] + words[w + 2]
 
     def payload(self, q: int, seq: int, dtype: torch.dtype, count: int, as_numpy: bool = False):
         """A tensor (or, ``as_numpy``, a numpy array) over rank ``q``'s payload of round ``seq``: valid

@@ -118,6 +118,10 @@ class Transport(abc.ABC):
     # exchange then runs only on a mismatch, to name it): a compiled collective finishes sooner than
     # a Python-driven all-gather of records.
     native_digest: bool = False
+    # True when small all-reduces, and with them every checked op's metadata, should travel by
+    # recursive doubling over ``irecv_upto`` with the records in band (:mod:`ringlet.engine.small`):
+    # one exchange where the native path needs a digest round and then the data round.
+    small_p2p: bool = False
     rank: int
     size: int
 

@@ -21,13 +21,15 @@ import torch
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
 from .base import Handle, PostingTransport, nbytes
 
-# Polling a request: spin briefly (latency), yield for a moment, then sleep in short naps (one Test
-# per nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to
-# the ranks doing work (CPU oversubscription is common on CI) and do not burn a CPU quota: a host
-# limited to half a CPU that yields for milliseconds per message is throttled for the rest of the
-# quota period (benchmarks/results/small_messages_s9.md). Environment knobs for experiments.
+# Polling a request: spin briefly (latency), yield for a while, then sleep in short naps (one Test per
+# nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to the
+# ranks doing work (CPU oversubscription is common on CI) and do not burn a CPU quota: a host limited to
+# half a CPU that yields for milliseconds per message is throttled for the rest of the quota period
+# (benchmarks/results/small_messages_s9.md). The yield lasts longer than a small message's round between
+# hosts, since MPICH progresses a request only inside MPI calls (benchmarks/results/small_messages_s17.md).
+# Environment knobs for experiments.
 _SPIN_TESTS = 8
-_YIELD_SECONDS = float(os.environ.get("RINGLET_MPI_YIELD_US") or 50) * 1e-6
+_YIELD_SECONDS = float(os.environ.get("RINGLET_MPI_YIELD_US") or 500) * 1e-6
 _NAP = float(os.environ.get("RINGLET_MPI_NAP_US") or 20) * 1e-6
 _NAP_SECONDS = 2e-3  # then the pause doubles up to _MAX_SLEEP
 _MAX_SLEEP = 5e-4
@@ -79,13 +81,14 @@ def _as_bytes(buf: torch.Tensor):
     return _mpi().buffer.fromaddress(buf.data_ptr(), nbytes)
 
 
-def _wait_request(req, timeout: float | None, describe) -> None:
+def _wait_request(req, timeout: float | None, describe, owner=None) -> None:
     """Poll ``req.Test()`` until it completes or ``timeout`` seconds pass (then CollectiveTimeout)."""
-    _wait_until(req.Test, timeout, describe)
+    _wait_until(req.Test, timeout, describe, owner)
 
 
-def _wait_until(test, timeout: float | None, describe) -> None:
-    """Call ``test()`` (an MPI Test*) until it returns true, spinning, yielding, then napping."""
+def _wait_until(test, timeout: float | None, describe, owner=None) -> None:
+    """Call ``test()`` (an MPI Test*) until it returns true, spinning, yielding, then napping. While it
+    naps it raises the abort error of ``owner`` (the transport) once the liveness monitor set one."""
     MPI = _mpi()
     try:
         for _ in range(_SPIN_TESTS):
@@ -100,7 +103,10 @@ def _wait_until(test, timeout: float | None, describe) -> None:
                 raise CollectiveTimeout(f"{describe()} timed out after {timeout:.1f}s")
             if now - start < _YIELD_SECONDS:
                 os.sched_yield()
-            elif now - start < _NAP_SECONDS:
+                continue
+            if owner is not None and owner.aborted is not None:
+                raise owner.aborted_error()
+            if now - start < _NAP_SECONDS:
                 _tight_timers()
                 time.sleep(_NAP)
             else:
@@ -111,9 +117,9 @@ def _wait_until(test, timeout: float | None, describe) -> None:
 
 
 class MPIHandle(Handle):
-    __slots__ = ("req", "rank", "peer", "tag", "what", "keep", "finished")
+    __slots__ = ("req", "rank", "peer", "tag", "what", "keep", "finished", "owner")
 
-    def __init__(self, req, rank: int, peer: int | None, tag: int | None, what: str, keep):
+    def __init__(self, req, rank: int, peer: int | None, tag: int | None, what: str, keep, owner=None):
         self.req = req
         self.rank = rank
         self.peer = peer
@@ -121,6 +127,7 @@ class MPIHandle(Handle):
         self.what = what
         self.keep = keep  # the tensor: MPI owns its memory until the request completes
         self.finished = False
+        self.owner = owner  # the transport, whose abort error ends a wait
 
     def _describe(self) -> str:
         s = f"rank {self.rank}: {self.what}"
@@ -133,7 +140,7 @@ class MPIHandle(Handle):
     def wait(self, timeout: float | None = None) -> None:
         if self.finished:
             return
-        _wait_request(self.req, timeout, self._describe)
+        _wait_request(self.req, timeout, self._describe, self.owner)
         self.finished = True
         self.keep = None
 
@@ -161,6 +168,7 @@ class MPITransport(PostingTransport):
     name = "mpi"
     native_small = True
     native_digest = True
+    small_p2p = True
 
     def __init__(self, comm=None, *, timeout: float | None = None):
         MPI = _mpi()
@@ -197,7 +205,7 @@ class MPITransport(PostingTransport):
             where = "to" if what == "send" else "from"
             raise PeerError(f"rank {self.rank}: {what} {where} rank {peer} (tag {tag}) failed: "
                             f"{exc.Get_error_string()}") from exc
-        return MPIHandle(req, self.rank, peer, tag, what, buf)
+        return MPIHandle(req, self.rank, peer, tag, what, buf, self)
 
     def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
         """A receive that a message shorter than ``buf`` completes too (MPI's own rule): the small
@@ -214,7 +222,7 @@ class MPITransport(PostingTransport):
         reqs = [h.req for h in todo]
         _wait_until(lambda: MPI.Request.Testall(reqs), timeout,
                     lambda: f"rank {self.rank}: {len(todo)} sends/receives with ranks "
-                            f"{sorted({h.peer for h in todo})}")
+                            f"{sorted({h.peer for h in todo})}", self)
         for h in todo:
             h.finished = True
             h.keep = None
@@ -238,7 +246,8 @@ class MPITransport(PostingTransport):
             req = comm.Iallreduce(MPI.IN_PLACE, [arr, getattr(MPI, name)], ops[op])
         except MPI.Exception as exc:
             raise PeerError(f"rank {self.rank}: native all-reduce failed: {exc.Get_error_string()}") from exc
-        MPIHandle(req, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", arr).wait(self._timeout)
+        MPIHandle(req, self.rank, None, None, f"native all-reduce over ranks {list(ranks)}", arr,
+                  self).wait(self._timeout)
         self.wire.native(nbytes(buf))
         return True
 

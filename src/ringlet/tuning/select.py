@@ -55,6 +55,8 @@ HIERARCHICAL_FROM = 1 << 20
 def requested(name: str | None, override: str = AUTO) -> str:
     """The canonical name of a requested all-reduce algorithm: ``"auto"`` takes ``override`` (the
     process-wide ``RINGLET_ALGORITHM``) when that is set. ``ValueError`` for unknown names."""
+    if name == AUTO and (override == AUTO or not override):  # the common call, answered at once
+        return AUTO
     if name is not None and not isinstance(name, str):
         raise ValueError(f"algorithm must be a name (str), got {name!r}.")
     name = (name or AUTO).strip().lower()
