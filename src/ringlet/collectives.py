@@ -169,7 +169,7 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     prescale_factor = args.scale_factor(prescale_factor, "prescale_factor")
     postscale_factor = args.scale_factor(postscale_factor, "postscale_factor")
     red = reduction(op)
-    g = _group(rt, group)
+    g = rt.world if group is None else _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
     buf = tensor if inplace else tensor.clone()
     if compressed is not None:
@@ -185,9 +185,10 @@ def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_fac
     """The body of the four public all-reduces, which differ only in ``inplace`` and ``sync``:
     ``compression`` and ``compression_state`` become a :class:`Compressed` (None when ``compression`` is
     None) and the call is submitted. A non-tensor passes shape ``()``; the argument checks reject it."""
+    compressed = None if compression is None else Compressed.of(compression, compression_state,
+                                                                getattr(tensor, "shape", ()))
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, inplace=inplace,
-                             sync=sync, check=check,
-                             compressed=Compressed.of(compression, compression_state, getattr(tensor, "shape", ())))
+                             sync=sync, check=check, compressed=compressed)
 
 
 def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", group: Group | None = None,

@@ -2,7 +2,7 @@
 ``0..size-1``; the group maps them to transport (global) ranks."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,10 +16,10 @@ class Group:
     ranks: tuple[int, ...]
     host_of: tuple[int, ...]  # host index of each member, in member order
     tag_slot: int = 0
+    size: int = field(init=False, compare=False, repr=False)  # len(ranks)
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.ranks))
 
     def rank_of(self, global_rank: int) -> int:
         """Group rank of ``global_rank``; ``ValueError`` when it is not a member."""

@@ -34,11 +34,14 @@ class Work:
         self._callbacks: list[Callable[["Work"], None]] | None = None
         self.span: tuple[float, float] | None = None  # (start, end) of its execution, timeline microseconds
 
-    def _run(self, fn: Callable[[], Any]) -> None:
-        """Execute ``fn`` as this work's job: record its span and finish with its result or error."""
+    def _run(self, fn: Callable[[], Any], explain: Callable[[PeerError], BaseException] | None = None) -> None:
+        """Execute ``fn`` as this work's job: record its span and finish with its result or error (a
+        ``PeerError`` as ``explain`` rewrites it)."""
         t0 = now_us()
         try:
             result, error = fn(), None
+        except PeerError as exc:
+            result, error = None, exc if explain is None else explain(exc)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through wait()
             result, error = None, exc
         self.span = (t0, now_us())
@@ -207,7 +210,6 @@ class Runtime:
         in the order (a job on the communication thread may run several collectives), and queueing behind
         itself could never finish while it waits."""
         work = Work()
-        fn = self._naming_failures(fn)
         with self._state_lock:
             if self._closed:
                 raise RuntimeError("ringlet has been shut down")
@@ -220,25 +222,20 @@ class Runtime:
                 self._wake.notify()
         if inline:
             with self._exec_lock:
-                work._run(fn)
+                work._run(fn, self._name_failure)
         return work
 
-    def _naming_failures(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """``fn``, whose ``PeerError`` names the rank that caused it when the liveness monitor knows
-        (a dead peer's death record arrives a moment after the connection reset)."""
-        def run():
-            try:
-                return fn()
-            except PeerError as exc:
-                monitor = self.monitor
-                if monitor is None or exc.rank is not None:
-                    raise
-                named = monitor.explain(exc)
-                if named is None:
-                    raise
-                raise named from exc
-
-        return run
+    def _name_failure(self, exc: PeerError) -> BaseException:
+        """``exc``, or the error that names the rank that caused it when the liveness monitor knows (a
+        dead peer's death record arrives a moment after the connection reset)."""
+        monitor = self.monitor
+        if monitor is None or exc.rank is not None:
+            return exc
+        named = monitor.explain(exc)
+        if named is None:
+            return exc
+        named.__cause__ = exc
+        return named
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -254,7 +251,7 @@ class Runtime:
                     return
                 fn, work = self._queue.popleft()
             with self._exec_lock:
-                work._run(fn)
+                work._run(fn, self._name_failure)
             fn = work = None  # the idle thread must not keep the last job's buffers (and result) alive
             with self._state_lock:
                 self._queued -= 1

@@ -77,6 +77,8 @@ REDUCTIONS: dict[ReduceOp, Reduction] = {
 def reduction(op: "Reduction | ReduceOp | str | int") -> Reduction:
     """The :class:`Reduction` of ``op`` (a Reduction, a :class:`ReduceOp`, its name or its Horovod code).
     ``ValueError`` for an unknown op; ``NotImplementedError`` for Adasum."""
+    if type(op) is ReduceOp and op in REDUCTIONS:
+        return REDUCTIONS[op]
     if isinstance(op, Reduction):
         return op
     rop = ReduceOp.parse(op)

@@ -57,6 +57,8 @@ def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
 def scale_factor(x, what: str) -> float:
     """``x`` as a float (a scale factor: any real number, NaN and infinities included); ``ValueError``
     naming ``what`` for anything else."""
+    if type(x) is float:
+        return x
     if isinstance(x, (str, bytes, complex)):
         raise ValueError(f"{what} must be a real number, got {x!r}.")
     try:
