@@ -8,12 +8,12 @@ Launched by mpiexec. Per size, the timing blocks of every implementation are int
 ``--repeats`` times; ratios to ``mpi`` are taken within one repeat and reported as median (min-max).
 
 * ``mpi``: ``MPI_Allreduce`` in place (MPICH's own algorithm choice);
-* ``auto``: ``ringlet.allreduce_`` as it is today (metadata check on; on the mpi transport ``auto``
-  hands small messages to MPI_Allreduce itself, so it is not ringlet's own schedule there);
-* ``rd``: ringlet's recursive doubling through the public API (check on), the best schedule until now;
-* ``small``: :mod:`ringlet.engine.small` (check included: the shm mailbox's one round, or recursive
-  doubling with the records in band over p2p) wrapped as the collective layer would call it today
-  (validation, record, ``Runtime.submit``): the path proposed for ``ringlet.allreduce``;
+* ``auto``: ``ringlet.allreduce_`` as a user calls it (metadata check on): the small-message carrier of
+  :mod:`ringlet.engine.small`, the shm mailbox's one round or, on the mpi transport, recursive
+  doubling with the records in band;
+* ``rd``: ringlet's recursive doubling schedule through the public API (check on);
+* ``small``: the same call as ``auto`` in another place of the block order (a control: the two
+  differ only by where they run in the interleaving);
 * ``small raw``: the same rounds alone, record prepared once (the engine's own cost: what the
   collective layer's per-call overhead adds to ``small`` is the difference);
 * ``1-round p2p raw`` (p2p transports): every rank sends its vector to every peer, one round;
