@@ -231,6 +231,22 @@ def _hvd_optimizer(optimizer, model, opts: dict):
         return ringlet.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **opts)
 
 
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+def _drop_header(optimizer) -> None:
+    """Ablation ``hvd:_no_header=1``: the fused path without its per-step header all-reduce (a rank in
+    ``hvd.join()`` could then not follow the others; for measuring the header's cost only)."""
+    fused = optimizer._ordered
+
+    def start_step() -> None:
+        fused._header = (_Done(), None)
+
+    fused._start_step = start_step
+
+
 def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
     """``(spec, wrapped model, optimizer)`` of one arm, its model seeded like every other arm's."""
     kind, opts = parse_arm(spec)
@@ -246,6 +262,8 @@ def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
         wrapped = model
         if kind == "hvd":
             optimizer = _hvd_optimizer(optimizer, model, opts)
+            if private.pop("_no_header", False):
+                _drop_header(optimizer)
     elif kind == "torch":
         hook = _torch_hook(opts)
         wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)
