@@ -181,6 +181,25 @@ def test_strangers_are_reported_once_and_refused_peers_are_kept(listener, monkey
         s.close()
 
 
+def test_the_table_is_read_again_only_when_a_socket_comes(listener, monkeypatch):
+    """The kernel's TCP table costs milliseconds: a check while this process's sockets stay the same
+    does not read it; a stranger accepted later is a new socket, found by the next check."""
+    strangers.reset()
+    monkeypatch.setattr("ringlet.transport._gloo_watch.note_stranger", lambda *a: True)
+    reads = []
+    table = ends.tcp_table
+    monkeypatch.setattr(ends, "tcp_table", lambda inodes=None: reads.append(1) or table(inodes))
+    watch = StrangerWatch()
+    watch.add({_inode(listener): ends.canonical(listener.getsockname())}, set())
+    assert watch.check() == [] and len(reads) == 1
+    assert watch.check() == [] and len(reads) == 1
+    stranger = socket.create_connection(listener.getsockname())
+    stranger_srv, _ = listener.accept()
+    assert watch.check() == [ends.canonical(stranger.getsockname())] and len(reads) == 2
+    for s in (stranger, stranger_srv):
+        s.close()
+
+
 def test_a_destroyed_group_is_no_longer_watched(listener):
     watch = StrangerWatch()
     watch.add({_inode(listener): ends.canonical(listener.getsockname())}, set())

@@ -68,9 +68,11 @@ def socket_inodes() -> dict[int, int]:
     return {int(target[8:-1]): fd for fd, target in socket_fds().items() if target.startswith("socket:[")}
 
 
-def own_connections() -> list[tuple[Connection, int]]:
-    """This process's TCP sockets, each with its descriptor."""
-    inodes = socket_inodes()
+def own_connections(inodes: dict[int, int] | None = None) -> list[tuple[Connection, int]]:
+    """This process's TCP sockets, each with its descriptor; ``inodes``: :func:`socket_inodes`, when the
+    caller has just listed them. Costs milliseconds of kernel time whatever the number of sockets (the
+    kernel walks its whole connection table for ``/proc/net/tcp``)."""
+    inodes = socket_inodes() if inodes is None else inodes
     return [(c, inodes[c.inode]) for c in tcp_table(inodes)]
 
 

@@ -10,6 +10,9 @@ reported once through :func:`ringlet.security.note_stranger` (endpoint ``"transp
 by shutting the connection down in both directions. The descriptor stays Gloo's (closing it behind
 Gloo's back could close an unrelated file that reused the number later); Gloo drops a connection it
 is still reading from as soon as it sees the shutdown, and never uses a parked one.
+
+A connection Gloo accepts is a new socket descriptor of this process, so the TCP table (milliseconds of
+kernel time to list) is read only when the set of this process's sockets changed since the last check.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..security import note_stranger
-from ._gloo_endpoints import LISTEN, TIME_WAIT, Endpoint, own_connections
+from ._gloo_endpoints import LISTEN, TIME_WAIT, Endpoint, own_connections, socket_inodes
 
 
 @dataclass
@@ -35,6 +38,7 @@ class StrangerWatch:
         self._lock = threading.Lock()
         self._listeners: dict[int, _Listener] = {}  # listener inode -> record
         self._seen: set[int] = set()                # inodes of strangers already reported
+        self._sockets: frozenset[int] | None = None  # this process's socket inodes at the last table read
 
     def add(self, listeners: dict[int, Endpoint], legit: set) -> None:
         """Watch ``listeners`` (inode -> local endpoint); ``legit``: the remote endpoints of the group's
@@ -42,11 +46,13 @@ class StrangerWatch:
         with self._lock:
             for inode, ep in listeners.items():
                 self._listeners[inode] = _Listener(ep, set(legit))
+            self._sockets = None  # read the table at the next check
 
     def forget(self) -> None:
         with self._lock:
             self._listeners.clear()
             self._seen.clear()
+            self._sockets = None
 
     def watched(self) -> list[Endpoint]:
         with self._lock:
@@ -55,7 +61,13 @@ class StrangerWatch:
     def check(self, refuse: bool = True) -> list[Endpoint]:
         """Report (and with ``refuse`` shut down) every connection to a watched listener that is not an
         authenticated peer's; return the remote endpoints reported by this call."""
-        rows = own_connections()
+        inodes = socket_inodes()
+        with self._lock:
+            sockets = frozenset(inodes)
+            if not self._listeners or sockets == self._sockets:
+                return []  # nothing watched, or no socket came or went since the table was last read
+            self._sockets = sockets
+        rows = own_connections(inodes)
         with self._lock:
             live = {c.inode for c, _ in rows if c.state == LISTEN}
             for inode in [i for i in self._listeners if i not in live]:
@@ -103,5 +115,6 @@ def check_strangers() -> list[Endpoint]:
     """New connections to this process's Gloo listeners that are not the job's authenticated peers:
     each is logged once (``ringlet.security.note_stranger``) and shut down. Returns their remote
     addresses (``(ip, port)``); empty when the job has no secret (nothing was authenticated) or off
-    Linux. Cheap enough to call every second (one read of ``/proc/net/tcp``)."""
+    Linux. Cheap enough to call every second: a listing of ``/proc/self/fd``, and ``/proc/net/tcp``
+    only after a socket came or went."""
     return watch.check()
