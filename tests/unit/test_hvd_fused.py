@@ -41,6 +41,46 @@ def _grads(m: nn.Module, rank: int, step: int) -> list[torch.Tensor]:
     return [p.grad.clone() for p in m.parameters()]
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_reduced_gradients_take_the_fused_buffer_without_a_copy(set_to_none):
+    """As in Horovod, ``.grad`` keeps its identity and takes the reduced memory: here a view of the fused
+    buffer, which is reused step after step. A gradient the caller keeps from an earlier step (with
+    ``zero_grad(set_to_none=True)``) is not overwritten: the buffer it holds is left to it."""
+    p = 2
+
+    def fn(rank):
+        m = _model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        ptrs, kept = [], None
+        for step in range(5):
+            want = [sum(gs) / p for gs in zip(*(_grads(_model(), j, step) for j in range(p)))]
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randint(-2, 3, (4, 3), generator=g).float(), torch.randint(-2, 3, (4, 2), generator=g).float()
+            m.zero_grad(set_to_none=set_to_none)
+            F.mse_loss(m(x), y).backward()
+            before = [q.grad for q in m.parameters()]
+            opt.synchronize()
+            assert all(q.grad is b for q, b in zip(m.parameters(), before))
+            del before
+            for q, w in zip(m.parameters(), want):
+                torch.testing.assert_close(q.grad, w, rtol=0, atol=1e-6)
+            ptrs.append(opt._ordered._keep[0][torch.float32].data_ptr())
+            if step == 2 and set_to_none:
+                kept = [(q.grad, q.grad.clone()) for q in m.parameters()]
+            with opt.skip_synchronize():
+                opt.step()
+        if kept is not None:
+            assert all(torch.equal(a, b) for a, b in kept)
+        return ptrs
+
+    for ptrs in hvd_world(p, fn):
+        assert ptrs[0] == ptrs[1] == ptrs[2]       # reused while only the lent gradients hold it
+        if set_to_none:
+            assert ptrs[3] != ptrs[2]              # step 2's gradients are kept by the caller
+        else:
+            assert ptrs[3] == ptrs[2] == ptrs[4]   # the caller's references are .grad itself
+
+
 def _step(m, opt, rank: int, step: int, stepping: list[int], n: int, seed: int = 3) -> None:
     """One step at lr 0; the reduced gradients must be the sum over the stepping ranks / n."""
     want = [sum(gs) / n for gs in zip(*(_grads(_model(seed), j, step) for j in stepping))]

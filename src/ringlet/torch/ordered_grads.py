@@ -23,7 +23,7 @@ import torch
 from ringlet.types import ReduceOp
 
 from .comm import Comm, CommFuture, session_key
-from .training.buckets import assign_buckets
+from .training.buckets import assign_buckets, is_view_of, tensors_sharing
 
 __all__ = ["OrderedGradients", "FusedGradients", "serve_join", "start_header"]
 
@@ -164,9 +164,11 @@ class FusedGradients(OrderedGradients):
     @staticmethod
     def _flats(wires: list[torch.Tensor], keep: dict | None = None) -> list[tuple[torch.Tensor, list[int]]]:
         """One flat buffer per wire dtype (in order of first appearance) with the indices of the wires it
-        holds. A lone contiguous wire is its own buffer (an uncompressed gradient is reduced in place);
-        other buffers are kept in ``keep`` (by dtype) and reused while their size fits: a fresh buffer of
-        tens of MiB every step costs its page faults."""
+        holds. A lone contiguous wire is its own buffer (an uncompressed gradient is reduced in place).
+        Other buffers are kept in ``keep`` (by dtype) and reused while their size fits and nothing but
+        the gradients they lend (:meth:`_deliver`) holds their memory: a fresh buffer of tens of MiB
+        every step costs its page faults. A wire that already is its place in the buffer (a lent
+        gradient that backward accumulated into) is not copied."""
         by_dtype: dict[torch.dtype, list[int]] = {}
         for k, w in enumerate(wires):
             by_dtype.setdefault(w.dtype, []).append(k)
@@ -177,11 +179,17 @@ class FusedGradients(OrderedGradients):
                 continue
             n = sum(wires[k].numel() for k in ks)
             flat = None if keep is None else keep.get(dtype)
-            if flat is None or flat.numel() != n or flat.device != wires[ks[0]].device:
+            if flat is None or flat.numel() != n or flat.device != wires[ks[0]].device or _held(flat, wires, ks):
                 flat = torch.empty(n, dtype=dtype, device=wires[ks[0]].device)
                 if keep is not None:
                     keep[dtype] = flat
-            torch.cat([wires[k].reshape(-1) for k in ks], out=flat)
+            at = 0
+            for k in ks:
+                w = wires[k]
+                dst = flat[at:at + w.numel()]
+                if not is_view_of(w, dst):
+                    dst.copy_(w.reshape(-1))
+                at += w.numel()
             out.append((flat, ks))
         return out
 
@@ -204,9 +212,7 @@ class FusedGradients(OrderedGradients):
                 at += w.numel()
                 if id(p) in skip:
                     continue
-                result = self.compression.decompress(out, ctxs[k])
-                if result.data_ptr() != p.grad.data_ptr() or result.shape != p.grad.shape:
-                    p.grad.copy_(result)
+                _take(p.grad, self.compression.decompress(out, ctxs[k]))
         for p, handle in sparse:
             p.grad = handle()
 
@@ -216,6 +222,30 @@ class FusedGradients(OrderedGradients):
             zeros = [self.compression.compress(torch.zeros_like(p))[0] for p in self.units[i]]
             for fut in self._reduce(i, self._flats(zeros, self._keep[i])):
                 fut.wait()
+
+
+def _take(grad: torch.Tensor, result: torch.Tensor) -> None:
+    """``grad`` becomes ``result``: as Horovod does, by pointing ``grad`` (the same tensor object, so
+    references to ``.grad`` see the average) at ``result``'s memory, a view of the fused buffer; a copy
+    only where dtype, shape or device differ."""
+    if result.data_ptr() == grad.data_ptr() and result.shape == grad.shape and result.stride() == grad.stride():
+        return  # reduced in place
+    if result.dtype == grad.dtype and result.shape == grad.shape and result.device == grad.device:
+        with torch.no_grad():
+            grad.set_(result)
+    else:
+        grad.copy_(result)
+
+
+def _held(flat: torch.Tensor, wires: list[torch.Tensor], ks: list[int]) -> bool:
+    """Whether anything besides ``flat`` and the wires ``ks`` (lent gradients) holds ``flat``'s memory: a
+    gradient of an earlier step kept by the caller, which reusing the buffer would overwrite."""
+    sharing = tensors_sharing(flat)
+    if sharing is None:
+        return True
+    ptr = flat.untyped_storage().data_ptr()
+    lent = sum(1 for k in ks if wires[k].untyped_storage().data_ptr() == ptr)
+    return sharing > 1 + lent
 
 
 def start_header(comm: Comm, flag: float, serial: int) -> tuple[CommFuture, torch.Tensor]:
