@@ -264,6 +264,9 @@ def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
             optimizer = _hvd_optimizer(optimizer, model, opts)
             if private.pop("_no_header", False):
                 _drop_header(optimizer)
+            if private.pop("_copy_grads", False):  # ablation: reduced gradients copied into .grad (before s17)
+                optimizer._ordered._take = lambda grad, result: grad.copy_(result) if grad.data_ptr() != \
+                    result.data_ptr() else None
     elif kind == "torch":
         hook = _torch_hook(opts)
         wrapped = torch.nn.parallel.DistributedDataParallel(model, **opts)

@@ -114,6 +114,7 @@ class FusedGradients(OrderedGradients):
         self._checked = [False] * len(self.units)
         self._keep: list[dict] = [{} for _ in self.units]  # each unit's flat buffers, reused every step
         self._header: tuple[CommFuture, torch.Tensor] | None = None
+        self._take = _take  # how a reduced gradient reaches .grad
 
     def _start_step(self) -> None:
         """The step's header; after an elastic reset (a new ringlet session) first forget which units were
@@ -212,7 +213,7 @@ class FusedGradients(OrderedGradients):
                 at += w.numel()
                 if id(p) in skip:
                     continue
-                _take(p.grad, self.compression.decompress(out, ctxs[k]))
+                self._take(p.grad, self.compression.decompress(out, ctxs[k]))
         for p, handle in sparse:
             p.grad = handle()
 
