@@ -6,6 +6,8 @@ arguments. Every rank returns the reference or raises a clear exception; no hang
 (the property: :mod:`fuzz_cases`, :func:`fuzz_run.judge`)."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from fuzz_cases import Call, Case, draw_case
@@ -14,6 +16,7 @@ from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings,
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from ringlet.transport.inproc import InprocTransport
 from ringlet.types import ReduceOp
 
 
@@ -40,6 +43,16 @@ def test_clean_calls_match_reference(p, data):
 def test_any_calls_reference_or_clear_error(p, data):
     """Half the cases with faults, on some ranks or all: reference, or a clear error on every rank."""
     check_case(draw_case(HypothesisDraw(data), p))
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@fuzz_settings(20)
+@given(data=st.data())
+def test_any_calls_over_the_in_band_carrier(p, data):
+    """The same, with small all-reduces and every check on recursive doubling with the records in band
+    (the carrier MPI's transport asks for with ``small_p2p``)."""
+    with mock.patch.object(InprocTransport, "small_p2p", True):
+        check_case(draw_case(HypothesisDraw(data), p))
 
 
 # ---- regressions: what the fuzz found ------------------------------------------------------------------

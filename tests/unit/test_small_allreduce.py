@@ -137,6 +137,34 @@ def test_mismatch_p2p(p):
     assert len({tuple(e) for e, _ in outs}) == 1  # the same message on every rank
 
 
+@pytest.mark.parametrize("p", [2, 3, 5, 6, 7, 8])
+def test_mismatch_p2p_records_of_different_lengths(p):
+    """A member whose record is longer than its partner's (more dimensions), at every rank of groups
+    with and without folded ranks: the partner forwards it in a wider frame, and every member raises
+    the same MismatchError (found by the fuzz: a local ValueError left the others to time out)."""
+    def fn(rank, odd):
+        rt = C.runtime()
+        out = []
+        for data in (None, torch.ones(2)):
+            meta_t = torch.ones(1, 1, 2) if rank == odd else torch.ones(2)
+            ch = rt.channel(rt.world)
+            try:
+                if data is None:
+                    small.records(ch, Meta.of("", Kind.BROADCAST, meta_t, root=0), "p2p-rd")
+                else:
+                    small.allreduce_(ch, meta_t.view(-1).clone(), reduction("sum"),
+                                     Meta.of("", Kind.ALLREDUCE, meta_t, op=ReduceOp.SUM), "p2p-rd")
+                out.append("no error")
+            except MismatchError as exc:
+                out.append(str(exc))
+        return out
+
+    for odd in range(p):
+        msgs = run_world(p, lambda rank: fn(rank, odd))
+        assert all(m != "no error" and "shape" in m for ms in msgs for m in ms), msgs
+        assert all(ms == msgs[0] for ms in msgs)
+
+
 def test_mismatch_mailbox():
     p = 3
     outs = shm_runtimes(p, lambda rt: _mismatch_then_ok(rt, rt.rank))

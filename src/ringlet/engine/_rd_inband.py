@@ -95,8 +95,8 @@ class _State:
 
     def _send_frame(self) -> torch.Tensor:
         head = _encode(self.entries, self.off)
-        if len(head) > self.off:
-            raise ValueError("a record longer than this member's own cannot be forwarded")
+        if len(head) > self.off:  # a record longer than ours to forward (the members disagree anyway)
+            return self._wide_frame()
         self.out_mv[:len(head)] = head
         if self.acc is None:
             return self.out_frame[:len(head)]
@@ -105,6 +105,17 @@ class _State:
         else:
             np.copyto(self.out_p, self.acc_p)
         return self.frame
+
+    def _wide_frame(self) -> torch.Tensor:
+        """The frame with the payload after entries longer than this member's own record provided for:
+        its offset travels in the frame header, and the receive buffers have room for any record."""
+        off = -(-len(_encode(self.entries, 0)) // 8) * 8
+        head = _encode(self.entries, off)
+        self.out_mv[:len(head)] = head
+        if self.acc is None:
+            return self.out_frame[:len(head)]
+        self.out_frame[off:off + self.nbytes].view(self.acc.dtype).copy_(self.acc)
+        return self.out_frame[:off + self.nbytes]
 
     def _take(self, off: int, red: Reduction | None) -> None:
         """Reduce (``red``) or copy (``None``) the received payload at ``off`` into the accumulator."""
