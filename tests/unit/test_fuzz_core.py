@@ -105,3 +105,11 @@ def test_non_integral_alltoall_splits_are_refused():
     check_case(_case(2, calls, ["splits_bad@0", "splits_bad@1"], {0, 1}))
     check_case(_case(2, [Call("alltoall", shape=(2,), splits=[1.0, 1.0])] * 2))
     check_case(_case(2, [Call("alltoall", shape=(2,), splits=torch.tensor([1, 1]))] * 2))
+
+
+def test_records_of_different_lengths_over_the_in_band_carrier():
+    """A 1-d record on one rank, 0-d on the others (5 ranks: one rank folds into its partner): the
+    partner forwards the longer record and every rank raises MismatchError, then the group works."""
+    calls = [Call("broadcast", shape=(1,), dtype=torch.int8)] + [Call("broadcast", shape=(), dtype=torch.int8)] * 4
+    with mock.patch.object(InprocTransport, "small_p2p", True):
+        check_case(_case(5, calls, ["shape@0"]))
