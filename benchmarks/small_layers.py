@@ -7,14 +7,11 @@ Layers, each including the ones below it: ``public`` (``ringlet.allreduce_``), `
 (``Runtime.submit`` of the collective layer's job), ``_run_allreduce`` (channel, record, engine),
 ``ops.small`` (``ops.small_allreduce_``), ``small.allreduce_`` (the round, the check, the reduction)
 and ``small_round`` (the transport's round alone). Rank 0 prints the medians over blocks of 500 calls
-of 4 KiB; CPU is this process's user + system time per call.
+of 4 KiB (``small_profile._timed``); CPU is this process's user + system time per call.
 """
 from __future__ import annotations
 
-import resource
-import statistics
 import sys
-import time
 
 import torch
 
@@ -23,6 +20,7 @@ from ringlet import collectives
 from ringlet.engine import ops, small
 from ringlet.engine.meta import Kind, Meta
 from ringlet.types import reduction
+from small_profile import _timed  # interleaved blocks, medians of wall and CPU time per call
 
 CALLS = 500
 
@@ -50,24 +48,11 @@ def main() -> None:
     ringlet.init()
     rt = collectives.runtime()
     runs = layers(rt, torch.ones(1024))
-    for run in runs.values():
-        for _ in range(200):
-            run()
-    res: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
-    for _ in range(blocks):
-        for name, run in runs.items():
-            ringlet.barrier()
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            for _ in range(CALLS):
-                run()
-            t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-            cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
-            res[name].append(((t1 - t0) / CALLS * 1e6, cpu / CALLS * 1e6))
+    res = _timed(runs, ringlet.barrier, CALLS * blocks, blocks)
     if ringlet.rank() == 0:
         print(f"# {ringlet.size()} ranks, 4 KiB, ringlet on {rt.transport.name}: medians of {blocks} blocks")
-        for name, v in res.items():
-            print(f"{name:18s} wall {statistics.median(x for x, _ in v):6.1f} us  "
-                  f"cpu {statistics.median(y for _, y in v):6.1f} us")
+        for name, (wall, cpu, _) in res.items():
+            print(f"{name:18s} wall {wall * 1e6:6.1f} us  cpu {cpu * 1e6:6.1f} us")
     ringlet.shutdown()
 
 
