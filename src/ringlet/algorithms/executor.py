@@ -6,6 +6,14 @@ is being applied (each as soon as the scratch it lands in is free), and a send s
 goes out as soon as the received segments of step ``s`` it depends on are reduced, so the reduction of
 one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
 tree for free).
+
+Sends leave in step order where that helps: when this rank sends in step ``s``, a send of step
+``s+1`` to a peer that it did not send to in step ``s`` and that itself receives in step ``s`` waits
+until step ``s`` is applied and its sends have completed. That peer applies the message only after its
+own step ``s``, so released early it would only share this rank's link with the older step's data that
+other peers are waiting for (on a bandwidth-bound link, halving-doubling's second step slowed its first
+and the whole all-reduce by a fifth). To the same peer the two already travel in order (the ring); to
+a peer idle in step ``s`` the early message is what keeps a pipelined tree pipelined.
 """
 from __future__ import annotations
 
@@ -20,6 +28,10 @@ from .range_index import RangeIndex
 from .schedule import Schedule, StepArrays, Transfer
 
 POST_RECV, POST_SEND, APPLY = 0, 1, 2
+
+#: Sends leave in step order (see the module doc). False only for an A/B measurement
+#: (``benchmarks/step_order.py``); both kinds of plan are cached apart.
+HOLD_NEW_PEERS = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +90,17 @@ def _plan_weight(plan: "Plan", args: tuple) -> int:
 
 
 @memoise(PLANS, _plan_weight)
-def compile_plan(schedule: Schedule, rank: int, segment: int) -> Plan:
+def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
     The plan's messages are the transfers cut into segments; its actions post every receive up to one
     step ahead (once its scratch range is free), post each send segment as soon as
-    the received segments it depends on are applied, and wait for earlier sends whose range a receive
+    the received segments it depends on are applied (with ``hold``, sends to a new peer busy with the
+    older step wait for it: see the module doc), and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
     receives, twice that when they fit in one segment.
     """
-    return _PlanBuilder(schedule, rank, max(1, segment)).build()
+    return _PlanBuilder(schedule, rank, max(1, segment), hold).build()
 
 
 def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
@@ -99,7 +112,9 @@ def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
 
 
 class _Streams:
-    """Sends of one step, per peer, posted strictly in schedule order (FIFO matching)."""
+    """Sends of one step, per peer, posted strictly in schedule order (FIFO matching). When this rank
+    sent in the step before, sends to a peer it did not send to then, and that receives in that step,
+    are *held*: posted by ``flush`` only, after waiting for that step's sends (see the module doc)."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
@@ -108,22 +123,43 @@ class _Streams:
             self.queues.setdefault(pb.msgs[mid].peer, []).append(mid)
         self.cursor = {peer: 0 for peer in self.queues}
         self.ready: set[int] = set()
+        self.before = pb.ids(pb.send_runs[step - 1]) if step > 0 else []
+        prev_peers = {pb.msgs[mid].peer for mid in self.before}
+        busy = pb.receivers[step - 1] if self.before and pb.hold else ()
+        self.held = {q for q in self.queues if q not in prev_peers and q in busy}
 
     def mark(self, mid: int) -> None:
         self.ready.add(mid)
         self.advance(self.pb.msgs[mid].peer)
 
     def advance(self, peer: int, force: bool = False) -> None:
+        if peer in self.held and not force:
+            return
         q, i = self.queues[peer], self.cursor[peer]
         while i < len(q) and (force or q[i] in self.ready):
-            self.pb.actions.append((POST_SEND, q[i]))
+            self.pb.actions.append((POST_SEND, q[i], ()))
             self.pb.outstanding.add(q[i])
             i += 1
         self.cursor[peer] = i
 
     def flush(self) -> None:
         for peer in self.queues:
-            self.advance(peer, force=True)
+            if peer not in self.held:
+                self.advance(peer, force=True)
+        if not self.held:
+            return
+        older = [mid for mid in self.before if mid in self.pb.outstanding]
+        self.pb.outstanding.difference_update(older)
+        first = True
+        for peer in self.queues:
+            if peer in self.held and self.cursor[peer] < len(self.queues[peer]):
+                mid = self.queues[peer][self.cursor[peer]]
+                self.pb.actions.append((POST_SEND, mid, tuple(older) if first else ()))
+                self.pb.outstanding.add(mid)
+                self.cursor[peer] += 1
+                first = False
+                self.held.discard(peer)
+                self.advance(peer, force=True)
 
 
 class _Receives:
@@ -156,16 +192,18 @@ class _PlanBuilder:
     """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
     (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
 
-    def __init__(self, schedule: Schedule, rank: int, segment: int):
-        self.rank, self.segment = rank, segment
+    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True):
+        self.rank, self.segment, self.hold = rank, segment, hold
         self.nsteps = nsteps = schedule.num_steps
         # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
         self.out_t: list[list[Transfer]] = []
         self.in_t: list[list[Transfer]] = []
+        self.receivers: list[frozenset[int]] = []  # ranks that receive in each step
         for s in range(nsteps):
             st = schedule.step_arrays(s)
             self.out_t.append(_select(st, np.flatnonzero(st.src == rank)))
             self.in_t.append(_select(st, np.flatnonzero(st.dst == rank)))
+            self.receivers.append(frozenset(np.unique(st.dst).tolist()))
         self.sends = [[(t.dst, t.src_buf, t.offset, t.count) for t in ts] for ts in self.out_t]
         self.recvs = [[(t.src, t.dst_buf, t.recv_offset, t.count, t.reduce) for t in ts] for ts in self.in_t]
         self.send_index = RangeIndex([[sd[1:] for sd in step] for step in self.sends])
@@ -377,7 +415,7 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     if not schedule.num_steps:
         return
     itemsize = buffers[0].element_size()
-    plan = compile_plan(schedule, channel.rank, max(1, channel.segment_bytes // itemsize))
+    plan = compile_plan(schedule, channel.rank, max(1, channel.segment_bytes // itemsize), HOLD_NEW_PEERS)
     msgs = plan.msgs
     scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)
@@ -395,6 +433,9 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
                     else scratch[m.scratch:m.scratch + m.count])
             handles[mid] = irecv(view, peer, tag + m.step)
         elif kind == POST_SEND:
+            for sid in act[2]:
+                handles[sid].wait(timeout)
+                handles[sid] = None
             handles[mid] = isend(buffers[m.buf][m.offset:m.offset + m.count], peer, tag + m.step)
         else:
             handles[mid].wait(timeout)

@@ -1,0 +1,80 @@
+"""Sends in step order, or released as soon as their data is ready: a paired A/B of the executor's rule.
+
+    ringlet cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5
+    ringlet run --cluster --transport torch -- python benchmarks/step_order.py --sizes 4M,16M,64M
+
+For every algorithm and size, each round times one all-reduce with the rule on (``in order``, the
+default) and one with it off (``early``: a send of the next step goes out as soon as its data is
+reduced, sharing the link with the older step's sends), in an order that alternates every round. A
+call's time is the slowest rank's (the start is aligned with a barrier). The report gives the median
+time of each arm and the median of the per-round ratios ``in order / early`` (below 1: the rule helps).
+``--segment`` sets the executor's segment size (default: the options' 4 MiB).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+
+import ringlet
+from ringlet.algorithms import executor
+
+ALGORITHMS = "ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus"
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def timed(x: torch.Tensor, algorithm: str, hold: bool) -> float:
+    """Slowest rank's seconds for one all-reduce with the rule set to ``hold``."""
+    executor.HOLD_NEW_PEERS = hold  # each kind of plan is compiled once and cached
+    ringlet.barrier()
+    t0 = time.perf_counter()
+    ringlet.allreduce_(x, algorithm=algorithm)
+    took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    ringlet.allreduce_(took, op=ringlet.ReduceOp.MAX, algorithm="ring")
+    return float(took)
+
+
+def pair(algorithm: str, nbytes: int, rounds: int) -> tuple[list[float], list[float]]:
+    x = torch.ones(nbytes // 4)
+    on, off = [], []
+    timed(x, algorithm, True), timed(x, algorithm, False)  # compile both plans, touch the scratch
+    for r in range(rounds):
+        for hold in ((True, False) if r % 2 == 0 else (False, True)):
+            (on if hold else off).append(timed(x, algorithm, hold))
+    return on, off
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4M,16M,64M")
+    ap.add_argument("--algorithms", default=ALGORITHMS)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--segment", type=parse_size, default=None, help="executor segment size (bytes)")
+    args = ap.parse_args()
+    options = ringlet.Options.from_env()
+    if args.segment:
+        options = dataclasses.replace(options, segment_bytes=args.segment)
+    ringlet.init(options=options)
+    if ringlet.rank() == 0:
+        print(f"# {ringlet.size()} ranks, segment {options.segment_bytes} B, {args.rounds} rounds per row")
+        print(f"{'size':>10} {'algorithm':<20} {'in order ms':>12} {'early ms':>10} {'ratio':>7}")
+    for size in (parse_size(s) for s in args.sizes.split(",")):
+        for algorithm in args.algorithms.split(","):
+            on, off = pair(algorithm, size, args.rounds)
+            ratio = statistics.median(a / b for a, b in zip(on, off))
+            if ringlet.rank() == 0:
+                print(f"{size:>10} {algorithm:<20} {statistics.median(on) * 1e3:>12.1f} "
+                      f"{statistics.median(off) * 1e3:>10.1f} {ratio:>7.3f}", flush=True)
+    ringlet.shutdown()
+
+
+if __name__ == "__main__":
+    main()
