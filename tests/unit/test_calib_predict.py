@@ -74,6 +74,8 @@ def test_the_segment_is_the_runtimes_without_an_installed_model(monkeypatch):
         monkeypatch.setattr(select, "_installed", None)
     seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 4)
     assert seg("ring", 1 << 30) == 4 << 20 and seg("tree", 4) == 4 << 20
+    capped = predict.executor_segment(4 << 20, (0, 0, 1, 1), 4, 1 << 20)  # the transport's cap (MPI)
+    assert capped("ring", 1 << 30) == 1 << 20
 
 
 def test_the_segment_is_the_installed_models_choice(monkeypatch):

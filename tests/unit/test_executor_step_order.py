@@ -99,3 +99,35 @@ def test_the_tree_forwards_to_an_idle_root_at_once():
     total = sum(1 for m in plan.msgs if not m.is_send and m.step == 0)
     assert _first_send(plan, 1, 3)[2][0] < total
     assert _first_send(plan, 1, 3)[2] == _first_send(compile_plan(sched, 1, SEG, False), 1, 3)[2]
+
+
+@pytest.mark.parametrize("algo", ["ring", "halving_doubling", "direct"])
+def test_the_transports_segment_cap_bounds_every_message(algo):
+    """A transport's ``max_segment_bytes`` caps the options' segment; the result is unchanged."""
+    import torch
+
+    from ringlet.engine.channel import Channel
+    from ringlet.transport.inproc import InprocWorld
+    from ringlet.types import ReduceOp, reduction
+    from ringlet.algorithms import executor
+
+    p, n = 4, 1000
+    sched = algorithms.ALLREDUCE[algo](p, n, _layout(p))
+    bufs = [torch.full((n,), float(r + 1), dtype=torch.float64) for r in range(p)]
+    sizes: list[int] = []
+
+    def body(tr):
+        tr.max_segment_bytes = 64 * 8
+        isend = tr.isend
+
+        def counted(buf, peer, tag):
+            sizes.append(buf.numel())
+            return isend(buf, peer, tag)
+
+        tr.isend = counted
+        ch = Channel.world(tr, segment_bytes=1 << 20, timeout=20)
+        executor.execute(sched, ch, (bufs[tr.rank],), reduction(ReduceOp.SUM).combine)
+
+    InprocWorld(p).run(body)
+    assert sizes and max(sizes) == 64
+    assert all(torch.equal(b, torch.full((n,), 10.0, dtype=torch.float64)) for b in bufs)

@@ -407,7 +407,8 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
 
     ``channel`` (duck-typed; :class:`ringlet.engine.channel.Channel`) gives ``transport``, ``rank``
     (this rank in the schedule), ``peers`` (schedule rank -> transport rank), ``tag`` (messages of step
-    ``s`` carry ``tag + s``), ``segment_bytes``, ``timeout`` and ``workspace`` (a dict owned by the
+    ``s`` carry ``tag + s``), ``segment_bytes`` (at most the transport's ``max_segment_bytes`` when it
+    has one), ``timeout`` and ``workspace`` (a dict owned by the
     caller that keeps scratch memory between calls, or None). ``combine(dst, src)`` reduces a received
     range into the buffer in place (:attr:`ringlet.types.Reduction.combine`); schedules without reducing
     transfers need none (a reducing transfer without it raises ``ValueError``: a caller's bug).
@@ -415,7 +416,10 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     if not schedule.num_steps:
         return
     itemsize = buffers[0].element_size()
-    plan = compile_plan(schedule, channel.rank, max(1, channel.segment_bytes // itemsize), HOLD_NEW_PEERS)
+    segment_bytes, cap = channel.segment_bytes, getattr(channel.transport, "max_segment_bytes", None)
+    if cap:
+        segment_bytes = min(segment_bytes, cap)
+    plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS)
     msgs = plan.msgs
     scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)

@@ -122,6 +122,10 @@ class Transport(abc.ABC):
     # recursive doubling over ``irecv_upto`` with the records in band (:mod:`ringlet.engine.small`):
     # one exchange where the native path needs a digest round and then the data round.
     small_p2p: bool = False
+    # The largest message the executor should post (None: no limit): longer transfers are cut into
+    # segments of at most this size, whatever the options' ``segment_bytes``, for backends that move
+    # large messages exchanged both ways between two ranks at a fraction of the link's rate.
+    max_segment_bytes: int | None = None
     rank: int
     size: int
 
