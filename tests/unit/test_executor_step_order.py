@@ -1,9 +1,10 @@
-"""The executor's send order: when a rank sends in step s, a send of step s+1 to a peer it did not send
-to in step s and that receives in step s (it would apply the message only after its own step s) is
-posted after step s is applied and after waiting for this rank's step-s sends. Other sends of step s+1
-go out as soon as their data is reduced: to the same peer (the ring), or to a peer idle in step s (the
-pipelined tree). Checked on compiled plans: the rule on every rank of every all-reduce schedule, and
-the three cases on named schedules."""
+"""The executor's send order: when a rank sends in step s data that its receiver sends on in step s+1,
+a send of step s+1 to a peer it did not send to in step s and that receives in step s (it would apply
+the message only after its own step s) is posted after step s is applied and after waiting for this
+rank's step-s sends. Other sends of step s+1 go out as soon as their data is ready: to the same peer
+(the ring), to a peer idle in step s (the pipelined tree), or data nobody sends on (all-to-all).
+Checked on compiled plans: the rule on every rank of every all-reduce schedule, and the cases on named
+schedules."""
 from __future__ import annotations
 
 import pytest
@@ -41,9 +42,27 @@ def _walk(plan):
     return out
 
 
+def _forwarded(sched, rank: int, s: int) -> bool:
+    """A receiver of ``rank``'s step-``s`` data sends some of it on in step ``s+1``."""
+    if s + 1 >= sched.num_steps:
+        return False
+    st, nxt = sched.step_arrays(s), sched.step_arrays(s + 1)
+    for i in range(len(st.src)):
+        if st.src[i] != rank:
+            continue
+        lo = st.recv_offset[i]
+        hi = lo + st.count[i]
+        for j in range(len(nxt.src)):
+            if (nxt.src[j] == st.dst[i] and nxt.src_buf[j] == st.dst_buf[i]
+                    and nxt.offset[j] < hi and lo < nxt.offset[j] + nxt.count[j]):
+                return True
+    return False
+
+
 def _held(sched, plan, rank: int, step: int, peer: int) -> bool:
     before = {m.peer for m in plan.msgs if m.is_send and m.step == step - 1}
-    return bool(before) and peer not in before and peer in _receivers(sched, step - 1)
+    return (bool(before) and peer not in before and peer in _receivers(sched, step - 1)
+            and _forwarded(sched, rank, step - 1))
 
 
 @pytest.mark.parametrize("algo", sorted(algorithms.ALLREDUCE))
@@ -131,3 +150,13 @@ def test_the_transports_segment_cap_bounds_every_message(algo):
     InprocWorld(p).run(body)
     assert sizes and max(sizes) == 64
     assert all(torch.equal(b, torch.full((n,), 10.0, dtype=torch.float64)) for b in bufs)
+
+
+def test_all_to_all_sends_wait_for_no_one():
+    from ringlet.algorithms import alltoall
+
+    p = 5
+    counts = tuple(tuple(64 for _ in range(p)) for _ in range(p))
+    sched = alltoall.pairwise(p, counts)
+    plan = compile_plan(sched, 0, 16)
+    assert plan == compile_plan(sched, 0, 16, False)

@@ -7,13 +7,14 @@ goes out as soon as the received segments of step ``s`` it depends on are reduce
 one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
 tree for free).
 
-Sends leave in step order where that helps: when this rank sends in step ``s``, a send of step
-``s+1`` to a peer that it did not send to in step ``s`` and that itself receives in step ``s`` waits
-until step ``s`` is applied and its sends have completed. That peer applies the message only after its
-own step ``s``, so released early it would only share this rank's link with the older step's data that
-other peers are waiting for (on a bandwidth-bound link, halving-doubling's second step slowed its first
-and the whole all-reduce by a fifth). To the same peer the two already travel in order (the ring); to
-a peer idle in step ``s`` the early message is what keeps a pipelined tree pipelined.
+Sends leave in step order where that helps: when this rank sends in step ``s`` data that its receiver
+sends on in step ``s+1`` (reduced or relayed), a send of step ``s+1`` to a peer that it did not send to
+in step ``s`` and that itself receives in step ``s`` waits until step ``s`` is applied and its sends
+have completed. That peer applies the message only after its own step ``s``, so released early it would
+only share this rank's link with the older step's data that other peers are waiting for (docs/design.md:
+halving-doubling's second step slowed its first). To the same peer the two already travel in order (the
+ring); to a peer idle in step ``s`` the early message is what keeps a pipelined tree pipelined; data that
+nobody sends on (an all-to-all) waits for no one.
 """
 from __future__ import annotations
 
@@ -113,8 +114,9 @@ def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
 
 class _Streams:
     """Sends of one step, per peer, posted strictly in schedule order (FIFO matching). When this rank
-    sent in the step before, sends to a peer it did not send to then, and that receives in that step,
-    are *held*: posted by ``flush`` only, after waiting for that step's sends (see the module doc)."""
+    sent in the step before and a receiver forwards some of it, sends to a peer it did not send to
+    then, and that receives in that step, are *held*: posted by ``flush`` only, after waiting for that
+    step's sends (see the module doc)."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
@@ -124,9 +126,10 @@ class _Streams:
         self.cursor = {peer: 0 for peer in self.queues}
         self.ready: set[int] = set()
         self.before = pb.ids(pb.send_runs[step - 1]) if step > 0 else []
-        prev_peers = {pb.msgs[mid].peer for mid in self.before}
-        busy = pb.receivers[step - 1] if self.before and pb.hold else ()
-        self.held = {q for q in self.queues if q not in prev_peers and q in busy}
+        new_peers = set(self.queues) - {pb.msgs[mid].peer for mid in self.before}
+        self.held: set[int] = set()
+        if self.before and new_peers and pb.hold and pb.forwarded(step - 1):
+            self.held = new_peers & pb.receivers(step - 1)
 
     def mark(self, mid: int) -> None:
         self.ready.add(mid)
@@ -198,12 +201,11 @@ class _PlanBuilder:
         # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
         self.out_t: list[list[Transfer]] = []
         self.in_t: list[list[Transfer]] = []
-        self.receivers: list[frozenset[int]] = []  # ranks that receive in each step
+        self.schedule = schedule
         for s in range(nsteps):
             st = schedule.step_arrays(s)
             self.out_t.append(_select(st, np.flatnonzero(st.src == rank)))
             self.in_t.append(_select(st, np.flatnonzero(st.dst == rank)))
-            self.receivers.append(frozenset(np.unique(st.dst).tolist()))
         self.sends = [[(t.dst, t.src_buf, t.offset, t.count) for t in ts] for ts in self.out_t]
         self.recvs = [[(t.src, t.dst_buf, t.recv_offset, t.count, t.reduce) for t in ts] for ts in self.in_t]
         self.send_index = RangeIndex([[sd[1:] for sd in step] for step in self.sends])
@@ -246,6 +248,23 @@ class _PlanBuilder:
         return all(t.src_buf == t_in.dst_buf and t_in.offset <= t.offset
                    and t.offset + t.count <= t_in.offset + t_in.count for t in back
                    if _overlap(t.dst_buf, t.offset, t.count, sd[1], sd[2], sd[3]))
+
+    def receivers(self, s: int) -> set[int]:
+        """The ranks that receive in step ``s``."""
+        return set(np.unique(self.schedule.step_arrays(s).dst).tolist())
+
+    def forwarded(self, s: int) -> bool:
+        """True when a rank this one sends to in step ``s`` sends on, in step ``s+1``, some of what it
+        received (a reduction or a relay: its peers then wait for this rank's step-``s`` data)."""
+        if s + 1 >= self.nsteps:
+            return False
+        nxt = self.schedule.step_arrays(s + 1)
+        for t in self.out_t[s]:
+            rows = np.flatnonzero((nxt.src == t.dst) & (nxt.src_buf == t.dst_buf))
+            lo, hi = t.recv_offset, t.recv_offset + t.count
+            if np.any((nxt.offset[rows] < hi) & (lo < nxt.offset[rows] + nxt.count[rows])):
+                return True
+        return False
 
     def by_peer(self, s: int, sent: bool) -> dict[int, list[Transfer]]:
         """This rank's transfers of step ``s`` (sent or received) keyed by the other rank, in order."""

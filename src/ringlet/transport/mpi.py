@@ -169,9 +169,8 @@ class MPITransport(PostingTransport):
     native_small = True
     native_digest = True
     small_p2p = True
-    # MPICH over TCP moves two 4-32 MiB messages that cross between a pair at about half the link's
-    # rate (MPI_Waitall alone, no ringlet), 1 MiB ones at full rate: halving-doubling and direct
-    # all-reduces of 64 MiB took twice the ring's time (benchmarks/results/step_order_s18).
+    # MPICH over TCP moves 4-32 MiB messages that cross between a pair at about half the link's rate,
+    # 1 MiB ones at full rate (docs/design.md, "Measured facts behind defaults").
     max_segment_bytes = 1 << 20
 
     def __init__(self, comm=None, *, timeout: float | None = None):
