@@ -21,14 +21,9 @@ import torch
 
 import ringlet
 from ringlet.algorithms import executor
+from ringlet.benchmarking import parse_size
 
 ALGORITHMS = "ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus"
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def timed(x: torch.Tensor, algorithm: str, hold: bool) -> float:
