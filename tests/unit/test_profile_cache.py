@@ -140,6 +140,28 @@ def test_attach_loads_the_matching_cached_profile(cache, p):
         assert network == NET and topology.host_of == (0,) * p and loaded == prof
 
 
+def test_attach_tries_only_the_segments_the_transport_runs(cache):
+    from ringlet.tuning import select
+    from ringlet.tuning.model import SEGMENTS, segments_up_to
+
+    prof = profile_of(2, (2,))
+    prof.save(cache_path(prof.fingerprint))
+
+    def body(rank):
+        rt = runtime()
+        rt.transport.max_segment_bytes = 1 << 20  # as MPI's
+        autoload.attach(rt)
+        return select.installed().segments
+
+    try:
+        got = run_world(2, body, options=Options(timeout=20))
+    finally:
+        select.install(None)
+    assert got == [segments_up_to(1 << 20)] * 2
+    assert got[0][0] == 1 << 20 and max(got[0]) == 1 << 20 and None not in got[0]
+    assert segments_up_to(None) == SEGMENTS
+
+
 @pytest.mark.parametrize("p", [2, 3])
 def test_attach_loads_an_explicit_profile(tmp_path, cache, p):
     path = tmp_path / "mine.json"

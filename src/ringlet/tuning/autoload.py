@@ -27,7 +27,7 @@ import os
 
 from .calibrate import calibrate
 from . import select
-from .model import Model
+from .model import Model, segments_up_to
 from .network import Topology
 from .profile import Fingerprint, Profile, cache_path
 from .shared import broadcast_bytes
@@ -94,7 +94,8 @@ def attach(rt) -> Profile | None:
             _save(prof, path)
     if prof is not None:
         rt.profile, rt.network_model = prof, (prof.network, Topology(tuple(rt.world.host_of)))
-        select.install(Model(prof.network))  # "auto" now follows the cost model on every rank
+        # "auto" now follows the cost model on every rank, among the segments the transport runs
+        select.install(Model(prof.network, segments=segments_up_to(getattr(rt.transport, "max_segment_bytes", None))))
         if rt.rank == 0:
             log.info("ringlet: network model of %s from %s", fp.describe(), path)
     return prof

@@ -22,11 +22,19 @@ from .cost import AllreduceCost, Prediction
 from .network import Network, Topology
 from .signature import Stack
 
-__all__ = ["Choice", "Ranked", "Model", "SEGMENTS", "PREFERENCE"]
+__all__ = ["Choice", "Ranked", "Model", "SEGMENTS", "PREFERENCE", "segments_up_to"]
 
 AUTO = "auto"
 # Segment sizes tried, in order of preference on a tie: unsegmented, then 16 MiB down to 64 KiB.
 SEGMENTS: tuple[int | None, ...] = (None,) + tuple((16 << 20) >> i for i in range(9))
+
+
+def segments_up_to(cap: int | None) -> tuple[int | None, ...]:
+    """:data:`SEGMENTS` that a transport whose ``max_segment_bytes`` is ``cap`` runs as asked (None: all):
+    the executor cuts larger ones down to ``cap``, so ``cap`` itself takes their place."""
+    if not cap:
+        return SEGMENTS
+    return (cap,) + tuple(s for s in SEGMENTS if s is not None and s < cap)
 # Algorithms in order of preference on a tie (algorithms not named here follow, sorted).
 PREFERENCE = ("ring", "hierarchical", "halving_doubling", "recursive_doubling", "tree", "direct", "torus")
 TIE = 1e-9
