@@ -28,6 +28,10 @@ AUTO = "auto"
 # Segment sizes tried, in order of preference on a tie: unsegmented, then 16 MiB down to 64 KiB.
 SEGMENTS: tuple[int | None, ...] = (None,) + tuple((16 << 20) >> i for i in range(9))
 
+# Algorithms in order of preference on a tie (algorithms not named here follow, sorted).
+PREFERENCE = ("ring", "hierarchical", "halving_doubling", "recursive_doubling", "tree", "direct", "torus")
+TIE = 1e-9
+
 
 def segments_up_to(cap: int | None) -> tuple[int | None, ...]:
     """:data:`SEGMENTS` that a transport whose ``max_segment_bytes`` is ``cap`` runs as asked (None: all):
@@ -35,9 +39,6 @@ def segments_up_to(cap: int | None) -> tuple[int | None, ...]:
     if not cap:
         return SEGMENTS
     return (cap,) + tuple(s for s in SEGMENTS if s is not None and s < cap)
-# Algorithms in order of preference on a tie (algorithms not named here follow, sorted).
-PREFERENCE = ("ring", "hierarchical", "halving_doubling", "recursive_doubling", "tree", "direct", "torus")
-TIE = 1e-9
 
 
 def _size(nbytes: int) -> str:
