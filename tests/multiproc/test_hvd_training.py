@@ -52,7 +52,7 @@ def test_hvd_training_equivalence(world, tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim", "hvd_cases_fused"])
+@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim", "hvd_cases_fused", "hvd_cases_factors"])
 def test_hvd_case_module(module, world, tmp_path):
     cases = importlib.import_module(module).CASES
     ranks = run_cases(world, tmp_path, [module])

@@ -116,10 +116,10 @@ class Comm:
         return _from_work(work)
 
     def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None,
-                  algorithm: str = "ring") -> CommFuture:
+                  algorithm: str = "ring", ordered: bool = False) -> CommFuture:
         """Every member's ``t`` concatenated along dim 0 (ragged dim 0; ``sizes``, ``check`` and
-        ``algorithm`` as in :func:`ringlet.allgather`, core path only)."""
-        if self.coordinated:
+        ``algorithm`` as in :func:`ringlet.allgather`, core path only). ``ordered``: as in :meth:`allreduce_`."""
+        if self.coordinated and not ordered:
             from . import mpi_ops
 
             return _from_handle(mpi_ops.allgather_async(t, name=name, process_set=self.process_set))

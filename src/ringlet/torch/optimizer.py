@@ -25,12 +25,15 @@ from ringlet import timeline
 from ringlet.types import ReduceOp
 
 from ringlet import compression as _ringlet_compression
+from ringlet import collectives as _core
 
 from . import context as _context
 from . import mpi_ops
 from .basics import size as _world_size
 from .comm import Comm
 from .compressed_grads import CompressedGradients
+from .fused_factors import FusedFactors
+from .fused_factors import parse_mode as parse_factors_mode
 from .ordered_grads import FusedGradients, OrderedGradients
 from .compression import Compression
 from .process_sets import global_process_set
@@ -49,7 +52,7 @@ class _DistributedOptimizer:
     """Methods mixed in front of the user's optimizer class (see :func:`DistributedOptimizer`)."""
 
     def _ringlet_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups, sparse_as_dense, process_set):
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set, sufficient_factors):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -87,9 +90,12 @@ class _DistributedOptimizer:
                 and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named":
             pre, post = self._scale()
             world = process_set.ranks == list(range(_world_size()))
+            plain = op == mpi_ops.Average and compression is Compression.none
+            factors = FusedFactors(self._requires_update, self._parameter_names,
+                                   sufficient_factors if plain else "off", self._comm.size, _hosts(self._comm.ranks))
             self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
                                            compression, self._sparse_reduce, prescale=pre, postscale=post,
-                                           register=lambda fused: _register_fused(fused, world))
+                                           register=lambda fused: _register_fused(fused, world), factors=factors)
 
     def _units(self) -> list[list]:
         """The compressed reductions' units in launch order: each group, or each parameter outside the
@@ -313,6 +319,12 @@ def _register_fused(fused: FusedGradients, world: bool) -> int:
     return ctx.fused_serial
 
 
+def _hosts(ranks) -> int:
+    """Hosts the ``ranks`` of the job sit on."""
+    host_of = _core.runtime().world.host_of
+    return len({host_of[r] for r in ranks})
+
+
 def _is_ringlet_compressor(compression) -> bool:
     return isinstance(compression, (str, _ringlet_compression.Compressor))
 
@@ -386,7 +398,8 @@ def _check_groups(groups, param_groups) -> None:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=mpi_ops.Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set,
+                         sufficient_factors=None):
     """Wrap ``optimizer`` so that ``step()`` applies gradients reduced over ``process_set``.
 
     Returns an instance of a subclass of ``type(optimizer)`` sharing its parameter groups and state
@@ -407,7 +420,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     accumulation, the compressor's state kept per gradient), launched in a fixed order rather than
     matched by name (:mod:`ringlet.torch.compressed_grads`); ``op`` must be ``Average`` or ``Sum``
     (``ValueError`` otherwise, and for an unknown name).
+
+    ``sufficient_factors`` (a ringlet extension; default ``RINGLET_HVD_FACTORS`` or ``"auto"``): large
+    ``nn.Linear`` weights averaged from every rank's layer inputs and output gradients instead of
+    all-reduced, exact up to rounding and checked every step (:mod:`ringlet.torch.fused_factors`):
+    ``"auto"`` where the job spans several hosts, ``True``/``"on"`` always, ``False``/``"off"`` never.
+    It applies to the default fused path with ``op=Average`` and ``Compression.none``; every rank must
+    pass the same value. ``ValueError`` for another value.
     """
+    if sufficient_factors is None:
+        sufficient_factors = os.environ.get("RINGLET_HVD_FACTORS", "auto")
+    factors_mode = parse_factors_mode(sufficient_factors)
     if op == mpi_ops.Adasum:
         raise NotImplementedError("Adasum is not implemented by ringlet; use op=hvd.Average or hvd.Sum.")
     if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Min, mpi_ops.Max, mpi_ops.Product):
@@ -434,7 +457,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     obj = cls.__new__(cls)
     obj.__dict__.update(optimizer.__dict__)
     obj._ringlet_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                       groups, sparse_as_dense, process_set)
+                       groups, sparse_as_dense, process_set, factors_mode)
     return obj
 
 

@@ -23,7 +23,8 @@ import torch
 from ringlet.types import ReduceOp
 
 from .comm import Comm, CommFuture, session_key
-from .training.buckets import assign_buckets, is_view_of, tensors_sharing
+from .fused_factors import FusedFactors
+from .training.buckets import is_view_of, layout_buckets, tensors_sharing
 
 __all__ = ["OrderedGradients", "FusedGradients", "serve_join", "start_header"]
 
@@ -36,6 +37,10 @@ class OrderedGradients:
     and ``_deliver(pending)`` (wait for it and leave the result in ``.grad``)."""
 
     def __init__(self, units: list[list[torch.Tensor]]):
+        self._set_units(units)
+
+    def _set_units(self, units: list[list[torch.Tensor]]) -> None:
+        """Launch ``units`` from now on (between steps only)."""
         self.units = units
         self.unit_of = {p: i for i, u in enumerate(units) for p in u}
         self._ready: list[set] = [set() for _ in units]
@@ -95,35 +100,71 @@ class FusedGradients(OrderedGradients):
     gradient (so it overlaps the rest of backward): a rank inside ``hvd.join()`` takes part with ``[0, 0]``
     and learns from the sum whether any member still steps, and which optimizer (``serial``: numbered in
     creation order, the same on every rank), then mirrors that step with zeros (:func:`serve_join`).
-    Each unit's first all-reduce checks its layout across ranks (``MismatchError``), later ones do not."""
+    Each unit's first all-reduce checks its layout across ranks (``MismatchError``), later ones do not.
+
+    ``factors``: the sufficient-factor strategy (:class:`~ringlet.torch.fused_factors.FusedFactors`) or
+    None; when it is active, the ranks vote at the end of the first step (stepped or served) and each
+    weight it then factors is a unit of its own from the next step on."""
 
     def __init__(self, comm: Comm, params: list[torch.Tensor], names: dict, op: ReduceOp, compression,
                  sparse_reduce: Callable[[torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]],
                  prescale: float = 1.0, postscale: float = 1.0, cap: int = 25 << 20, first_cap: int = 1 << 20,
-                 register: Callable[["FusedGradients"], int] = lambda fused: 0):
-        super().__init__([[params[i] for i in idx] for idx in assign_buckets(params, cap, first_cap)])
+                 register: Callable[["FusedGradients"], int] = lambda fused: 0, factors: FusedFactors | None = None):
         if op not in (ReduceOp.AVG, ReduceOp.SUM):
             raise ValueError(f"fused gradient reductions average or sum, got {op!r}")
+        self.params, self._names, self._caps = params, names, (cap, first_cap)
+        self.factors = factors if factors is not None and factors.active else None
+        self._steps = 0  # steps of this session, stepped or served
+        self._layout()
         self.comm, self.op, self.compression = comm, op, compression
         self.sparse_reduce = sparse_reduce
         self.prescale, self.postscale = prescale, postscale
-        self.names = [f"{names[u[0]]}.fused" for u in self.units]
         self._register = register
         self._session = session_key()
         self.serial = register(self)
-        self._checked = [False] * len(self.units)
-        self._keep: list[dict] = [{} for _ in self.units]  # each unit's flat buffers, reused every step
         self._header: tuple[CommFuture, torch.Tensor] | None = None
         self._take = _take  # how a reduced gradient reaches .grad
 
-    def _start_step(self) -> None:
-        """The step's header; after an elastic reset (a new ringlet session) first forget which units were
-        checked and register again (a replacement rank starts with a fresh optimizer)."""
+    def _layout(self) -> None:
+        """Units from the parameters and the factored weights; every unit's layout is checked again."""
+        chosen = self.factors.chosen if self.factors is not None else {}
+        self._set_units(layout_buckets(self.params, chosen, *self._caps))
+        self._factored = [id(u[0]) in chosen and len(u) == 1 for u in self.units]
+        self.names = [f"{self._names[u[0]]}.{'factors' if f else 'fused'}" for u, f in zip(self.units, self._factored)]
+        self._checked = [False] * len(self.units)
+        self._keep: list[dict] = [{} for _ in self.units]  # each unit's flat buffers, reused every step
+        if self.factors is not None:
+            self.factors.changed = False
+
+    def _between_steps(self) -> None:
+        """Before a step (stepped or served): after an elastic reset (a new ringlet session) forget which
+        units were checked, register again (a replacement rank starts with a fresh optimizer) and go
+        back to dense units until the first step decides again; lay the units out again if the factored
+        weights changed."""
         key = session_key()
         if key != self._session:
             self._session = key
-            self._checked = [False] * len(self.units)
+            self._steps = 0
+            if self.factors is not None:
+                self.factors.reset()
+            self._layout()
             self.serial = self._register(self)
+        elif self.factors is not None and self.factors.changed:
+            self._layout()
+
+    def _after_step(self, stepping: bool) -> None:
+        """After a step: at the end of the session's first, the ranks' one vote on the factored weights."""
+        self._steps += 1
+        f = self.factors
+        if f is None or f.decided or self._steps != 1:
+            return
+        votes = f.vote(stepping)
+        self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False, ordered=True).wait()
+        f.decide(votes)
+
+    def _start_step(self) -> None:
+        """The step's header (after :meth:`_between_steps`)."""
+        self._between_steps()
         self._header = start_header(self.comm, 1.0, self.serial)
 
     # ---- one step ---------------------------------------------------------------------------------
@@ -140,6 +181,7 @@ class FusedGradients(OrderedGradients):
             super().finish(grad_of)
         finally:
             header[0].wait()
+        self._after_step(True)
 
     def reset(self) -> None:
         super().reset()
@@ -149,7 +191,9 @@ class FusedGradients(OrderedGradients):
     def _launch(self, i: int, grad_of: GradOf):
         """Start unit ``i``: its gradients' wire tensors fused per dtype. A sparse gradient goes through
         ``sparse_reduce`` instead (name-matched) and holds zeros in the bucket, which keeps the bucket's
-        layout the same on a rank that serves a join."""
+        layout the same on a rank that serves a join. A factored weight's unit gathers its factors."""
+        if self._factored[i]:
+            return self.factors.launch(self.units[i][0], self.comm, self.names[i])
         wires, ctxs, sparse = [], [], []
         for p in self.units[i]:
             g = grad_of(p)
@@ -201,6 +245,9 @@ class FusedGradients(OrderedGradients):
                                      postscale=self.postscale, check=check, ordered=True) for flat, _ in flats]
 
     def _deliver(self, pending) -> None:
+        if callable(pending):  # a factored unit's
+            pending()
+            return
         futs, flats, wires, ctxs, sparse = pending
         for fut in futs:
             fut.wait()
@@ -219,10 +266,15 @@ class FusedGradients(OrderedGradients):
 
     def serve_step(self) -> None:
         """Mirror one step of the members with zero gradients (this rank has joined)."""
+        self._between_steps()
         for i in range(len(self.units)):
+            if self._factored[i]:
+                self.factors.serve(self.units[i][0], self.comm, self.names[i])
+                continue
             zeros = [self.compression.compress(torch.zeros_like(p))[0] for p in self.units[i]]
             for fut in self._reduce(i, self._flats(zeros, self._keep[i])):
                 fut.wait()
+        self._after_step(False)
 
 
 def _take(grad: torch.Tensor, result: torch.Tensor) -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .buckets import Bucket
     from .reduction import ReductionContext, StepMarks
 
-__all__ = ["FactorLayers", "FactorReduction"]
+__all__ = ["FactorLayers", "FactorReduction", "reusable_out"]
 
 
 class FactorLayers:
@@ -145,12 +145,15 @@ class FactorReduction:
             p.grad.copy_(avg.view_as(p))
 
     def _reusable_out(self, b: Bucket) -> torch.Tensor | None:
-        """The layer's last average if nothing holds it any more but, possibly, the weight's ``.grad``
-        view (about to be overwritten with the new average anyway)."""
-        out = self.layer.out
-        if out is None:
-            return None
-        g = b.params[0].grad
-        refs = tensors_sharing(out)
-        attached = 1 if g is not None and is_view_of(g, out) else 0
-        return out if refs is not None and refs <= 1 + attached else None
+        return reusable_out(self.layer, b.params[0].grad)
+
+
+def reusable_out(layer: _factors.FactoredLinear, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """``layer``'s last average if nothing holds it any more but, possibly, the weight's ``.grad``
+    (``grad``, about to be overwritten with the new average anyway)."""
+    out = layer.out
+    if out is None:
+        return None
+    refs = tensors_sharing(out)
+    attached = 1 if grad is not None and is_view_of(grad, out) else 0
+    return out if refs is not None and refs <= 1 + attached else None

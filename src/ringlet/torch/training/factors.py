@@ -31,7 +31,7 @@ import torch
 
 from ringlet.types import ReduceOp
 
-__all__ = ["FactoredLinear", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors",
+__all__ = ["FactoredLinear", "eligible", "eligible_linears", "worth_factoring", "gather_factors", "average_from_factors",
            "average_from_factors_async"]
 
 # A rank's factors must reproduce its gradient, along a random direction, to this fraction of the
@@ -98,14 +98,16 @@ def eligible_linears(module: torch.nn.Module, params: set[int]) -> list[Factored
     """Capture objects for the layers of ``module`` whose weight gradient factors exactly (see the module doc);
     ``params``: ids of the parameters being reduced."""
     uses = collections.Counter(id(p) for _, p in module.named_parameters(remove_duplicate=False))
-    out = []
-    for name, m in module.named_modules():
-        if (isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
-                and isinstance(m.weight, torch.nn.Parameter) and id(m.weight) in params
-                and uses[id(m.weight)] == 1 and m.weight.layout == torch.strided
-                and m.weight.dtype in (torch.float32, torch.float64) and m.weight.dim() == 2):
-            out.append(FactoredLinear(name, m))
-    return out
+    return [FactoredLinear(name, m) for name, m in module.named_modules()
+            if eligible(m) and id(m.weight) in params and uses[id(m.weight)] == 1]
+
+
+def eligible(m: torch.nn.Module) -> bool:
+    """Whether ``m`` itself qualifies: an ``nn.Linear`` with nn.Linear's own ``forward`` and a dense 2-D
+    float32/float64 weight parameter (weight tying is the caller's to rule out)."""
+    return (isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
+            and isinstance(m.weight, torch.nn.Parameter) and m.weight.layout == torch.strided
+            and m.weight.dtype in (torch.float32, torch.float64) and m.weight.dim() == 2)
 
 
 def worth_factoring(size: int, rows: int, out_features: int, in_features: int) -> bool:
@@ -149,12 +151,14 @@ def _tolerance(pairs: list) -> float:
 
 @torch.no_grad()
 def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, comm, name: str,
-                   algorithm: str = "ring"):
+                   algorithm: str = "ring", ordered: bool = False):
     """Every rank's factors for ``layer``, or the dense average if some rank's factors do not match its
     gradient, through ``comm`` (a :class:`ringlet.torch.comm.Comm`; ops named ``name``). Runs where
     collectives may be issued (a job on ringlet's communication thread); ``grad``: this
     rank's local accumulated gradient (None if the weight got none). Returns ``("factors", rows, spans)``
-    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``.
+    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``. ``ordered``:
+    the collectives go on the core queue in submission order even where ``comm`` is coordinated (the
+    Horovod-style path), as :meth:`~ringlet.torch.comm.Comm.allreduce_` says.
 
     Once a gather has shown every rank's row count, the next one sends ``layer.capacity`` rows per rank
     (the largest count seen, padded) with no exchange of sizes first: one collective, no metadata round,
@@ -185,10 +189,11 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
 
     cap, size = layer.capacity, comm.size
     if cap is not None:
-        rows = comm.allgather(pack(cap), name, sizes=[1 + cap] * size, check=False, algorithm=algorithm).wait()
+        rows = comm.allgather(pack(cap), name, sizes=[1 + cap] * size, check=False, algorithm=algorithm,
+                              ordered=ordered).wait()
         starts = [r * (1 + cap) for r in range(size)]
     if cap is None or max(int(rows[s, 1]) for s in starts) > cap:
-        rows = comm.allgather(pack(k), name, algorithm=algorithm).wait()
+        rows = comm.allgather(pack(k), name, algorithm=algorithm, ordered=ordered).wait()
         starts = [0]
         for _ in range(size - 1):
             starts.append(starts[-1] + 1 + int(rows[starts[-1], 1]))
@@ -197,7 +202,7 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     spans = [(s + 1, c) for s, c in zip(starts, counts)]
     if not all(bool(rows[s, 0] == 1.0) for s in starts):
         dense = grad.clone() if grad is not None else torch.zeros_like(w)
-        comm.allreduce_(dense, ReduceOp.AVG, f"{name}.dense").wait()
+        comm.allreduce_(dense, ReduceOp.AVG, f"{name}.dense", ordered=ordered).wait()
         return "dense", dense
     return "factors", rows, spans
 

@@ -1,0 +1,199 @@
+"""Sufficient factors on ``DistributedOptimizer``'s fused path: a large ``nn.Linear`` weight's average
+gradient gathered as every rank's layer inputs and output gradients instead of all-reduced, as ringlet's
+DDP does (the mathematics, the capture and the guard: :mod:`ringlet.torch.training.factors`). The result
+is the average of the ranks' gradients up to rounding, so a Horovod script sees the same ``.grad``.
+
+The optimizer has no model, so the layers are found from its parameters: while the first step's forward
+runs, a global module forward hook notes each ``nn.Linear`` (nn.Linear's own ``forward``, a dense 2-D
+float32/float64 weight) whose weight the optimizer holds, and how many rows it saw; a weight seen in two
+modules is left out. At the end of the first step every rank votes, per parameter, whether its gathered
+factors would be fewer numbers than its gradient (``p·rows·(in+out) < in·out``), in one all-reduce; a
+weight is factored from the second step on only if every stepping rank voted for it (a rank inside
+``hvd.join()`` votes with zeros and counts as not stepping). Each factored weight is then a unit of its
+own in the launch order.
+
+Every step each rank checks that its own factors reproduce the gradient autograd accumulated; if any
+rank's do not (the weight used outside its layer, a ``.grad`` that held values before the step), every
+rank takes the dense average for that step, and the weight is reduced densely from the next step on.
+All ranks see the same verdicts, so they change layout together.
+
+``mode``: ``"on"`` factors every layer that qualifies; ``"auto"`` does so only when the job spans more
+than one host (where the link, not memory, limits a reduction; on one host the product the factors cost
+is not paid back); ``"off"`` never. Factors apply only to ``op=Average`` with ``Compression.none``.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+from .training import factors as _factors
+from .training.factor_reduction import reusable_out
+
+__all__ = ["FusedFactors", "parse_mode", "MODES"]
+
+MODES = ("auto", "on", "off")
+_TIED = -1
+
+
+def parse_mode(value) -> str:
+    """``True``/``False``/``"auto"``/``"on"``/``"off"`` as a mode; ``ValueError`` for anything else."""
+    mode = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    if mode not in MODES:
+        raise ValueError(f"sufficient_factors must be True, False, 'auto', 'on' or 'off', got {value!r}")
+    return mode
+
+
+class FusedFactors:
+    """The factored weights of one fused ``DistributedOptimizer`` (see the module doc). ``params``: its
+    parameters in order; ``names``: param -> name; ``size``: ranks in its group; ``hosts``: hosts they
+    span; ``mode``: as in the module doc, ``"off"`` where the optimizer's op or compression rules factors
+    out. :attr:`active` is the same on every rank (a function of the arguments and the layout)."""
+
+    def __init__(self, params: list[torch.Tensor], names: dict, mode: str, size: int, hosts: int):
+        self.params, self.names, self.size = params, names, size
+        self.active = size > 1 and (mode == "on" or (mode == "auto" and hosts > 1))
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self.layers: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> capture, found in step 1
+        self._module_of: dict[int, int] = {}  # id(weight) -> id(its module), _TIED if seen in two
+        self.chosen: dict[int, _factors.FactoredLinear] = {}
+        self.decided = False
+        self.changed = False  # the chosen set changed: the units must be laid out again
+        self.factored = self.fallbacks = 0  # reductions from factors; steps that fell back to dense
+        self._hook = _global_forward_hook(self) if self.active else None
+
+    # ---- finding the layers (first step) ---------------------------------------------------------
+    def _discover(self, module, args, out) -> None:
+        w = getattr(module, "weight", None)
+        if w is None or id(w) not in self._index or not isinstance(module, torch.nn.Linear):
+            return
+        seen = self._module_of.setdefault(id(w), id(module))
+        if seen != id(module):
+            self._module_of[id(w)] = _TIED
+            return
+        if not (args and torch.is_grad_enabled() and isinstance(out, torch.Tensor) and out.requires_grad):
+            return
+        layer = self.layers.get(id(w))
+        if layer is None:
+            if not _factors.eligible(module):
+                return
+            layer = self.layers[id(w)] = _factors.FactoredLinear(self.names[w], module)
+        layer.rows = args[0].numel() // layer.in_features if layer.in_features else 0
+
+    def stop_discovery(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def vote(self, stepping: bool) -> torch.Tensor:
+        """``[stepping, worth per parameter, found per parameter]`` of this rank (float64, summed over
+        ranks): ``worth`` only from a stepping rank, ``found`` (this rank holds a capture for the layer,
+        so it can take part in its gather) from every rank."""
+        self.stop_discovery()
+        n = len(self.params)
+        v = torch.zeros(1 + 2 * n, dtype=torch.float64)
+        v[0] = float(stepping)
+        for wid, layer in self.layers.items():
+            if self._module_of.get(wid) == _TIED:
+                continue
+            i = self._index[wid]
+            v[1 + n + i] = 1.0
+            if stepping and _factors.worth_factoring(self.size, layer.rows, layer.out_features, layer.in_features):
+                v[1 + i] = 1.0
+        return v
+
+    def decide(self, votes: torch.Tensor) -> None:
+        """Choose from the summed votes (identical on every rank): the weights every stepping rank voted
+        for and every rank found."""
+        self.decided = True
+        n, stepping = len(self.params), round(float(votes[0]))
+        self.chosen = {id(p): self.layers[id(p)] for i, p in enumerate(self.params)
+                       if stepping > 0 and round(float(votes[1 + i])) == stepping
+                       and round(float(votes[1 + n + i])) == self.size}
+        for wid, layer in self.layers.items():
+            if wid in self.chosen:
+                layer.enabled = True
+            else:
+                layer.remove()
+        self.layers = dict(self.chosen)
+        self.changed = bool(self.chosen)
+
+    def reset(self) -> None:
+        """A new ringlet session (elastic reset): back to dense until the next first step decides."""
+        for layer in self.chosen.values():
+            layer.enabled = False
+            layer.pairs.clear()
+        self.chosen, self.decided, self.changed = {}, False, False
+
+    # ---- one factored unit ------------------------------------------------------------------------
+    def launch(self, p: torch.Tensor, comm, name: str) -> Callable[[], None]:
+        """Start ``p``'s reduction from this step's factors (the communication thread gathers them, the
+        factor worker multiplies); returns the callable that waits and leaves the average in ``p.grad``."""
+        layer, grad = self.chosen[id(p)], p.grad
+        pairs, out = layer.take_pairs(), reusable_out(layer, p.grad)
+
+        def job():
+            res = _factors.gather_factors(layer, grad, pairs, comm, name, ordered=True)
+            if res[0] != "factors":
+                return res
+            return "average", _factors.average_from_factors_async(res, layer.out_features, self.size, out)
+
+        fut = comm.submit(job)
+        return lambda: self._deliver(p, layer, fut.wait())
+
+    def _deliver(self, p: torch.Tensor, layer: _factors.FactoredLinear, result) -> None:
+        if result[0] == "average":
+            avg = result[1].result()
+            self.factored += 1
+            if avg is None:  # no rank had a gradient: zeros, as the dense path gives
+                avg = torch.zeros_like(p)
+            else:
+                layer.out = avg
+        else:
+            avg = result[1]
+            self._fell_back(p)
+        _set_grad(p, avg.view_as(p))
+
+    def serve(self, p: torch.Tensor, comm, name: str) -> None:
+        """This rank's part in the others' factored reduction of ``p`` while it is inside ``hvd.join()``:
+        no rows, and zeros if the others fall back to the dense average."""
+        layer = self.chosen[id(p)]
+        res = comm.submit(lambda: _factors.gather_factors(layer, None, [], comm, name, ordered=True)).wait()
+        if res[0] != "factors":
+            self._fell_back(p)
+
+    def _fell_back(self, p: torch.Tensor) -> None:
+        """Some rank's factors did not match its gradient: reduce ``p`` densely from the next step on."""
+        self.fallbacks += 1
+        layer = self.chosen.pop(id(p), None)
+        self.layers.pop(id(p), None)
+        if layer is not None:
+            layer.remove()
+            layer.enabled = False
+            layer.pairs.clear()
+            self.changed = True
+
+
+def _global_forward_hook(factors: FusedFactors):
+    """A global module forward hook calling ``factors._discover``; it holds ``factors`` weakly and removes
+    itself once they are gone (an optimizer dropped before its first step)."""
+    ref = weakref.ref(factors)
+
+    def hook(module, args, out):
+        me = ref()
+        if me is None:
+            handle.remove()
+            return
+        me._discover(module, args, out)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    return handle
+
+
+def _set_grad(p: torch.Tensor, value: torch.Tensor) -> None:
+    if p.grad is None or p.grad.dtype != value.dtype or p.grad.shape != value.shape:
+        p.grad = value
+    elif p.grad.data_ptr() != value.data_ptr():
+        with torch.no_grad():
+            p.grad.set_(value)

@@ -1,0 +1,101 @@
+"""The bookkeeping of sufficient factors on DistributedOptimizer's fused path (no communication; the
+reductions themselves run with real processes in ``tests/multiproc/hvd_cases_factors.py``): modes, which
+layers are found, the vote and the decision, and the global hook's lifetime."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from ringlet.torch.fused_factors import FusedFactors, parse_mode
+
+
+def _hooks() -> int:
+    return len(torch.nn.modules.module._global_forward_hooks)
+
+
+def _factors(model: nn.Module, mode: str = "on", size: int = 2, hosts: int = 1) -> FusedFactors:
+    params = list(model.parameters())
+    return FusedFactors(params, {p: n for n, p in model.named_parameters()}, mode, size, hosts)
+
+
+@pytest.mark.parametrize("value,mode", [(True, "on"), (False, "off"), ("auto", "auto"), ("on", "on"), ("off", "off")])
+def test_modes(value, mode):
+    assert parse_mode(value) == mode
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, "ON"])
+def test_bad_mode_is_refused(value):
+    with pytest.raises(ValueError, match="sufficient_factors"):
+        parse_mode(value)
+
+
+@pytest.mark.parametrize("mode,size,hosts,active", [("on", 2, 1, True), ("auto", 2, 1, False), ("auto", 4, 4, True),
+                                                    ("off", 4, 4, False), ("on", 1, 1, False)])
+def test_active_only_where_it_can_pay(mode, size, hosts, active):
+    before = _hooks()
+    f = _factors(nn.Linear(8, 8), mode, size, hosts)
+    assert f.active is active
+    assert _hooks() == before + active
+    f.stop_discovery()
+    assert _hooks() == before
+
+
+def test_vote_and_decide():
+    model = nn.Sequential(nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 3))
+    f = _factors(model)
+    model(torch.randn(4, 32)).sum().backward()
+    mine = f.vote(True)
+    # [stepping, worth per parameter (4), found per parameter (4)]: only the first weight is worth it
+    assert mine.tolist() == [1, 1, 0, 0, 0, 1, 0, 1, 0]
+    f.decide(mine * 2)  # two ranks voted alike
+    assert [layer.name for layer in f.chosen.values()] == ["0.weight"] and f.changed
+
+
+def test_a_joined_rank_votes_only_found():
+    model = nn.Sequential(nn.Linear(32, 24))
+    f = _factors(model)
+    model(torch.randn(4, 32))
+    assert f.vote(False).tolist() == [0, 0, 0, 1, 0]
+
+
+def test_a_layer_some_rank_never_ran_is_not_chosen():
+    model = nn.Sequential(nn.Linear(32, 24))
+    f = _factors(model)
+    model(torch.randn(4, 32))
+    votes = f.vote(True)
+    votes[3] = 1  # found on this rank only, of two
+    votes[0], votes[1] = 2, 2
+    f.decide(votes)
+    assert not f.chosen and not f.changed
+
+
+def test_a_weight_in_two_modules_is_not_found():
+    model = nn.Sequential(nn.Linear(32, 24))
+    twin = nn.Linear(32, 24)
+    twin.weight = model[0].weight
+    f = _factors(model)
+    x = torch.randn(4, 32)
+    model(x)
+    twin(x)
+    assert f.vote(True).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_rows_of_a_forward_without_grad_do_not_count():
+    model = nn.Sequential(nn.Linear(32, 24))
+    f = _factors(model)
+    with torch.no_grad():
+        model(torch.randn(4, 32))
+    assert f.vote(True).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_hook_goes_with_the_optimizer():
+    before = _hooks()
+    f = _factors(nn.Linear(8, 8))
+    assert _hooks() == before + 1
+    del f
+    gc.collect()
+    nn.Linear(2, 2)(torch.randn(1, 2))  # the next forward finds the owner gone
+    assert _hooks() == before
