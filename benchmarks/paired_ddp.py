@@ -371,17 +371,33 @@ def _ringlet_details(model, size: int) -> str:
     return line + f", buckets {model.bucket_layout}"
 
 
+def _hvd_details(opt, size: int) -> str:
+    """The sufficient factors of a Horovod-style arm: the weights factored, the trial's outcome."""
+    f = getattr(getattr(opt, "_ordered", None), "factors", None)
+    if f is None:
+        return ", sufficient factors off"
+    line = f", weights from factors {sorted(x.name for x in f.chosen.values())} (dense fallbacks {f.fallbacks})"
+    if f.decision is not None:
+        per_rank = {k: round(v / size * 1e3, 1) for k, v in f.decision.times.items()}
+        line += f", trial chose {f.decision.choice} (median step ms per candidate {per_rank})"
+    elif f.tuner is not None:
+        line += ", trial still running"
+    return line
+
+
 def _print_report(args, arms, stats: _Stats, size: int) -> None:
     base = args.arms[0]
     print(f"model {args.model}, batch {args.batch_size} per rank, {size} ranks, {args.rounds} rounds of "
           f"{args.steps} timed steps per arm")
-    for spec, model, _ in arms:
+    for spec, model, opt in arms:
         times, cpu = stats.times[spec], stats.cpu[spec]
         line = (f"{spec}: step {statistics.median(times) * 1e3:.1f} ms median (CPU {statistics.median(cpu) * 1e3:.1f} "
                 f"ms, {stats.faults[spec] / (args.rounds * args.steps):.0f} page faults), "
                 f"{args.batch_size / statistics.median(times):.1f} img/s per rank")
         if hasattr(model, "algorithm"):
             line += _ringlet_details(model, size)
+        if parse_arm(spec)[0] == "hvd":
+            line += _hvd_details(opt, size)
         if spec != base:
             ratios = [a / b for a, b in zip(times, stats.times[base])]
             se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")

@@ -16,9 +16,9 @@ def _hooks() -> int:
     return len(torch.nn.modules.module._global_forward_hooks)
 
 
-def _factors(model: nn.Module, mode: str = "on", size: int = 2, hosts: int = 1) -> FusedFactors:
+def _factors(model: nn.Module, mode: str = "on", size: int = 2) -> FusedFactors:
     params = list(model.parameters())
-    return FusedFactors(params, {p: n for n, p in model.named_parameters()}, mode, size, hosts)
+    return FusedFactors(params, {p: n for n, p in model.named_parameters()}, mode, size)
 
 
 @pytest.mark.parametrize("value,mode", [(True, "on"), (False, "off"), ("auto", "auto"), ("on", "on"), ("off", "off")])
@@ -32,11 +32,11 @@ def test_bad_mode_is_refused(value):
         parse_mode(value)
 
 
-@pytest.mark.parametrize("mode,size,hosts,active", [("on", 2, 1, True), ("auto", 2, 1, False), ("auto", 4, 4, True),
-                                                    ("off", 4, 4, False), ("on", 1, 1, False)])
-def test_active_only_where_it_can_pay(mode, size, hosts, active):
+@pytest.mark.parametrize("mode,size,active", [("on", 2, True), ("auto", 2, True), ("off", 4, False), ("on", 1, False),
+                                              ("auto", 1, False)])
+def test_active_with_ranks_to_gather_from(mode, size, active):
     before = _hooks()
-    f = _factors(nn.Linear(8, 8), mode, size, hosts)
+    f = _factors(nn.Linear(8, 8), mode, size)
     assert f.active is active
     assert _hooks() == before + active
     f.stop_discovery()
@@ -51,7 +51,8 @@ def test_vote_and_decide():
     # [stepping, worth per parameter (4), found per parameter (4)]: only the first weight is worth it
     assert mine.tolist() == [1, 1, 0, 0, 0, 1, 0, 1, 0]
     f.decide(mine * 2)  # two ranks voted alike
-    assert [layer.name for layer in f.chosen.values()] == ["0.weight"] and f.changed
+    assert [layer.name for layer in f.chosen.values()] == ["0.weight"]
+    assert f.in_use() is f.chosen and f.chosen[id(model[0].weight)].enabled  # "on": no trial
 
 
 def test_a_joined_rank_votes_only_found():
@@ -69,7 +70,7 @@ def test_a_layer_some_rank_never_ran_is_not_chosen():
     votes[3] = 1  # found on this rank only, of two
     votes[0], votes[1] = 2, 2
     f.decide(votes)
-    assert not f.chosen and not f.changed
+    assert not f.chosen and not f.in_use()
 
 
 def test_a_weight_in_two_modules_is_not_found():
@@ -89,6 +90,22 @@ def test_rows_of_a_forward_without_grad_do_not_count():
     with torch.no_grad():
         model(torch.randn(4, 32))
     assert f.vote(True).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_auto_trial_alternates_and_decides_on_summed_times():
+    model = nn.Sequential(nn.Linear(32, 24))
+    f = _factors(model, "auto")
+    model(torch.randn(4, 32)).sum().backward()
+    f.decide(f.vote(True) * 2)
+    sums = []
+    f.start_trial(lambda xs: sums.append(xs) or [2 * x for x in xs])
+    used = []
+    while f.tuner is not None:
+        used.append(bool(f.in_use()))
+        f.step_ended()
+    assert used[:2] == [False, False] and True in used and used.count(True) <= used.count(False)
+    assert len(sums) >= 1 and f.decision is not None
+    assert bool(f.chosen) == f.decision.choice.endswith("+factors")
 
 
 def test_hook_goes_with_the_optimizer():

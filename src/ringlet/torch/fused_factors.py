@@ -17,9 +17,11 @@ rank's do not (the weight used outside its layer, a ``.grad`` that held values b
 rank takes the dense average for that step, and the weight is reduced densely from the next step on.
 All ranks see the same verdicts, so they change layout together.
 
-``mode``: ``"on"`` factors every layer that qualifies; ``"auto"`` does so only when the job spans more
-than one host (where the link, not memory, limits a reduction; on one host the product the factors cost
-is not paid back); ``"off"`` never. Factors apply only to ``op=Average`` with ``Compression.none``.
+``mode``: ``"on"`` factors every layer that qualifies; ``"auto"`` then times steps with and without the
+factors in turn and keeps them only if they are faster by more than 3%, as ringlet's DDP does
+(:class:`~ringlet.tuning.StepTuner`: five steps each, up to twenty while too close to call; the
+statistics summed over ranks, so every rank decides the same); ``"off"`` never. Factors apply only to
+``op=Average`` with ``Compression.none``.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ import weakref
 from typing import Callable
 
 import torch
+
+from ringlet.tuning.online import Decision
+from ringlet.tuning.step_tuner import FACTORS, StepTuner
 
 from .training import factors as _factors
 from .training.factor_reduction import reusable_out
@@ -47,19 +52,21 @@ def parse_mode(value) -> str:
 
 class FusedFactors:
     """The factored weights of one fused ``DistributedOptimizer`` (see the module doc). ``params``: its
-    parameters in order; ``names``: param -> name; ``size``: ranks in its group; ``hosts``: hosts they
-    span; ``mode``: as in the module doc, ``"off"`` where the optimizer's op or compression rules factors
-    out. :attr:`active` is the same on every rank (a function of the arguments and the layout)."""
+    parameters in order; ``names``: param -> name; ``size``: ranks in its group; ``mode``: as in the
+    module doc, ``"off"`` where the optimizer's op or compression rules factors out. :attr:`active` is
+    the same on every rank (a function of the arguments). ``tuner``: the trial against the dense
+    reduction (``"auto"``, while it runs); ``decision``: its outcome."""
 
-    def __init__(self, params: list[torch.Tensor], names: dict, mode: str, size: int, hosts: int):
-        self.params, self.names, self.size = params, names, size
-        self.active = size > 1 and (mode == "on" or (mode == "auto" and hosts > 1))
+    def __init__(self, params: list[torch.Tensor], names: dict, mode: str, size: int):
+        self.params, self.names, self.size, self.mode = params, names, size, mode
+        self.active = size > 1 and mode in ("on", "auto")
+        self.tuner: StepTuner | None = None
+        self.decision: Decision | None = None
         self._index = {id(p): i for i, p in enumerate(params)}
         self.layers: dict[int, _factors.FactoredLinear] = {}  # id(weight) -> capture, found in step 1
         self._module_of: dict[int, int] = {}  # id(weight) -> id(its module), _TIED if seen in two
         self.chosen: dict[int, _factors.FactoredLinear] = {}
         self.decided = False
-        self.changed = False  # the chosen set changed: the units must be laid out again
         self.factored = self.fallbacks = 0  # reductions from factors; steps that fell back to dense
         self._hook = _global_forward_hook(self) if self.active else None
 
@@ -117,14 +124,45 @@ class FusedFactors:
             else:
                 layer.remove()
         self.layers = dict(self.chosen)
-        self.changed = bool(self.chosen)
 
     def reset(self) -> None:
         """A new ringlet session (elastic reset): back to dense until the next first step decides."""
         for layer in self.chosen.values():
             layer.enabled = False
             layer.pairs.clear()
-        self.chosen, self.decided, self.changed = {}, False, False
+        self.chosen, self.decided = {}, False
+        self.tuner = self.decision = None
+
+    # ---- the trial ("auto") --------------------------------------------------------------------------
+    def start_trial(self, sum_across_ranks: Callable[[list[float]], list[float]]) -> None:
+        """After the vote: with ``"auto"`` and some weight chosen, time the next steps with and without
+        factors in turn (the step that ends now is the first timing's start)."""
+        if self.mode == "auto" and self.chosen:
+            self.tuner = StepTuner(("dense", "dense" + FACTORS), sum_across_ranks)
+            self.tuner.step_started()
+
+    def step_ended(self) -> None:
+        """A step (stepped or served) ended: time it while on trial; when the ranks decide that the dense
+        reduction is as fast, no weight is factored any more."""
+        tuner = self.tuner
+        if tuner is None:
+            return
+        tuner.mark_reduced()
+        decision = tuner.step_started()
+        if decision is None:
+            return
+        self.tuner, self.decision = None, decision
+        if StepTuner.rejects_factors(decision):
+            for p in [p for p in self.params if id(p) in self.chosen]:
+                self._drop(p)
+
+    def in_use(self) -> dict[int, _factors.FactoredLinear]:
+        """The weights the next step reduces from factors (all chosen, or none on a dense trial step);
+        only they capture factors in its forward."""
+        use = self.chosen if self.tuner is None or self.tuner.wants_factors() else {}
+        for wid, layer in self.chosen.items():
+            layer.enabled = wid in use
+        return use
 
     # ---- one factored unit ------------------------------------------------------------------------
     def launch(self, p: torch.Tensor, comm, name: str) -> Callable[[], None]:
@@ -166,13 +204,15 @@ class FusedFactors:
     def _fell_back(self, p: torch.Tensor) -> None:
         """Some rank's factors did not match its gradient: reduce ``p`` densely from the next step on."""
         self.fallbacks += 1
+        self._drop(p)
+
+    def _drop(self, p: torch.Tensor) -> None:
         layer = self.chosen.pop(id(p), None)
         self.layers.pop(id(p), None)
         if layer is not None:
             layer.remove()
             layer.enabled = False
             layer.pairs.clear()
-            self.changed = True
 
 
 def _global_forward_hook(factors: FusedFactors):

@@ -25,7 +25,6 @@ from ringlet import timeline
 from ringlet.types import ReduceOp
 
 from ringlet import compression as _ringlet_compression
-from ringlet import collectives as _core
 
 from . import context as _context
 from . import mpi_ops
@@ -92,7 +91,7 @@ class _DistributedOptimizer:
             world = process_set.ranks == list(range(_world_size()))
             plain = op == mpi_ops.Average and compression is Compression.none
             factors = FusedFactors(self._requires_update, self._parameter_names,
-                                   sufficient_factors if plain else "off", self._comm.size, _hosts(self._comm.ranks))
+                                   sufficient_factors if plain else "off", self._comm.size)
             self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
                                            compression, self._sparse_reduce, prescale=pre, postscale=post,
                                            register=lambda fused: _register_fused(fused, world), factors=factors)
@@ -319,12 +318,6 @@ def _register_fused(fused: FusedGradients, world: bool) -> int:
     return ctx.fused_serial
 
 
-def _hosts(ranks) -> int:
-    """Hosts the ``ranks`` of the job sit on."""
-    host_of = _core.runtime().world.host_of
-    return len({host_of[r] for r in ranks})
-
-
 def _is_ringlet_compressor(compression) -> bool:
     return isinstance(compression, (str, _ringlet_compression.Compressor))
 
@@ -424,7 +417,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``sufficient_factors`` (a ringlet extension; default ``RINGLET_HVD_FACTORS`` or ``"auto"``): large
     ``nn.Linear`` weights averaged from every rank's layer inputs and output gradients instead of
     all-reduced, exact up to rounding and checked every step (:mod:`ringlet.torch.fused_factors`):
-    ``"auto"`` where the job spans several hosts, ``True``/``"on"`` always, ``False``/``"off"`` never.
+    ``"auto"`` where steps with them are faster (timed against the dense reduction in the first steps),
+    ``True``/``"on"`` always, ``False``/``"off"`` never.
     It applies to the default fused path with ``op=Average`` and ``Compression.none``; every rank must
     pass the same value. ``ValueError`` for another value.
     """

@@ -115,7 +115,8 @@ class FusedGradients(OrderedGradients):
         self.params, self._names, self._caps = params, names, (cap, first_cap)
         self.factors = factors if factors is not None and factors.active else None
         self._steps = 0  # steps of this session, stepped or served
-        self._layout()
+        self._layouts: dict[frozenset, tuple] = {}
+        self._use({})
         self.comm, self.op, self.compression = comm, op, compression
         self.sparse_reduce = sparse_reduce
         self.prescale, self.postscale = prescale, postscale
@@ -125,42 +126,54 @@ class FusedGradients(OrderedGradients):
         self._header: tuple[CommFuture, torch.Tensor] | None = None
         self._take = _take  # how a reduced gradient reaches .grad
 
-    def _layout(self) -> None:
-        """Units from the parameters and the factored weights; every unit's layout is checked again."""
-        chosen = self.factors.chosen if self.factors is not None else {}
-        self._set_units(layout_buckets(self.params, chosen, *self._caps))
-        self._factored = [id(u[0]) in chosen and len(u) == 1 for u in self.units]
-        self.names = [f"{self._names[u[0]]}.{'factors' if f else 'fused'}" for u, f in zip(self.units, self._factored)]
-        self._checked = [False] * len(self.units)
-        self._keep: list[dict] = [{} for _ in self.units]  # each unit's flat buffers, reused every step
-        if self.factors is not None:
-            self.factors.changed = False
+    def _use(self, factored: dict) -> None:
+        """Launch units with the weights in ``factored`` (ids) reduced from factors, the rest fused into
+        buckets. Each layout is built once and kept with its own buffers and checked flags (the factor
+        trial switches between two every step); a unit's first all-reduce checks its layout."""
+        key = frozenset(factored)
+        lay = self._layouts.get(key)
+        if lay is None:
+            units = layout_buckets(self.params, key, *self._caps)
+            flags = [len(u) == 1 and id(u[0]) in key for u in units]
+            names = [f"{self._names[u[0]]}.{'factors' if f else 'fused'}" for u, f in zip(units, flags)]
+            lay = self._layouts[key] = (units, flags, names, [False] * len(units), [{} for _ in units])
+        units, self._factored, self.names, self._checked, self._keep = lay
+        self._set_units(units)
 
     def _between_steps(self) -> None:
-        """Before a step (stepped or served): after an elastic reset (a new ringlet session) forget which
-        units were checked, register again (a replacement rank starts with a fresh optimizer) and go
-        back to dense units until the first step decides again; lay the units out again if the factored
-        weights changed."""
+        """Before a step (stepped or served): after an elastic reset (a new ringlet session) forget the
+        layouts (their checked flags), register again (a replacement rank starts with a fresh optimizer)
+        and go back to dense units until the session's first step decides again."""
         key = session_key()
         if key != self._session:
             self._session = key
             self._steps = 0
             if self.factors is not None:
                 self.factors.reset()
-            self._layout()
+            self._layouts.clear()
+            self._use({})
             self.serial = self._register(self)
-        elif self.factors is not None and self.factors.changed:
-            self._layout()
 
     def _after_step(self, stepping: bool) -> None:
-        """After a step: at the end of the session's first, the ranks' one vote on the factored weights."""
+        """After a step (stepped or served): at the end of the session's first, the ranks' one vote on
+        the factored weights; then the factor trial's timing; then the next step's layout."""
         self._steps += 1
         f = self.factors
-        if f is None or f.decided or self._steps != 1:
+        if f is None:
             return
-        votes = f.vote(stepping)
-        self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False, ordered=True).wait()
-        f.decide(votes)
+        if not f.decided and self._steps == 1:
+            votes = f.vote(stepping)
+            self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False, ordered=True).wait()
+            f.decide(votes)
+            f.start_trial(self._sum_across_ranks)
+        else:
+            f.step_ended()
+        self._use(f.in_use())
+
+    def _sum_across_ranks(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        self.comm.allreduce_(t, ReduceOp.SUM, "fused.factor_trial", check=False, ordered=True).wait()
+        return t.tolist()
 
     def _start_step(self) -> None:
         """The step's header (after :meth:`_between_steps`)."""
