@@ -322,6 +322,24 @@ def _is_ringlet_compressor(compression) -> bool:
     return isinstance(compression, (str, _ringlet_compression.Compressor))
 
 
+def _check_reduction(op, passes, gradient_predivide_factor, compression) -> None:
+    """DistributedOptimizer's ``op``, ``backward_passes_per_step``, ``gradient_predivide_factor`` and
+    ``compression``, each alone and together (``ValueError``; ``NotImplementedError`` for Adasum)."""
+    if op == mpi_ops.Adasum:
+        raise NotImplementedError("Adasum is not implemented by ringlet; use op=hvd.Average or hvd.Sum.")
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Min, mpi_ops.Max, mpi_ops.Product):
+        raise ValueError(f"Unknown reduction op {op!r}.")
+    _check_passes(passes)
+    if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}.")
+    if _is_ringlet_compressor(compression):
+        _ringlet_compression.get(compression)  # an unknown name raises here
+        if op not in (mpi_ops.Average, mpi_ops.Sum):
+            raise ValueError("A ringlet compressor sums or averages gradients; use op=hvd.Average or hvd.Sum.")
+
+
 def _check_passes(passes) -> None:
     if not isinstance(passes, int) or passes <= 0:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}.")
@@ -425,19 +443,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if sufficient_factors is None:
         sufficient_factors = os.environ.get("RINGLET_HVD_FACTORS", "auto")
     factors_mode = parse_factors_mode(sufficient_factors)
-    if op == mpi_ops.Adasum:
-        raise NotImplementedError("Adasum is not implemented by ringlet; use op=hvd.Average or hvd.Sum.")
-    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Min, mpi_ops.Max, mpi_ops.Product):
-        raise ValueError(f"Unknown reduction op {op!r}.")
-    _check_passes(backward_passes_per_step)
-    if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if gradient_predivide_factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, got {gradient_predivide_factor}.")
-    if _is_ringlet_compressor(compression):
-        _ringlet_compression.get(compression)  # an unknown name raises here
-        if op not in (mpi_ops.Average, mpi_ops.Sum):
-            raise ValueError("A ringlet compressor sums or averages gradients; use op=hvd.Average or hvd.Sum.")
+    _check_reduction(op, backward_passes_per_step, gradient_predivide_factor, compression)
     if num_groups != 0:
         warnings.warn("num_groups is deprecated; use groups=.", DeprecationWarning, stacklevel=2)
         if groups is None:
