@@ -116,3 +116,102 @@ def test_hook_goes_with_the_optimizer():
     gc.collect()
     nn.Linear(2, 2)(torch.randn(1, 2))  # the next forward finds the owner gone
     assert _hooks() == before
+
+
+# ---- through DistributedOptimizer, ranks as threads (real processes: tests/multiproc/hvd_cases_factors.py)
+def _net(seed: int = 5) -> nn.Module:
+    """The same weights on every call (from a generator of its own: ranks are threads here, and the
+    default generator is shared between them)."""
+    g = torch.Generator().manual_seed(seed)
+    m = nn.Sequential(nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 3))
+    with torch.no_grad():
+        for q in m.parameters():
+            q.copy_(torch.randn(q.shape, generator=g) * 0.2)
+    return m
+
+
+def _backward(m: nn.Module, rank: int, step: int) -> None:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x, y = torch.randn(4, 32, generator=g), torch.randn(4, 3, generator=g)
+    torch.nn.functional.mse_loss(m(x), y).backward()
+
+
+def _average(p: int, step: int) -> list[torch.Tensor]:
+    grads = []
+    for j in range(p):
+        m = _net()
+        _backward(m, j, step)
+        grads.append([q.grad for q in m.parameters()])
+    return [sum(gs) / p for gs in zip(*grads)]
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_factored_weight_reuses_its_average_unless_the_caller_keeps_it(set_to_none):
+    """The factored weight's ``.grad`` takes the average's memory; the next step writes its average there
+    again while only ``.grad`` holds it, and never into a gradient the caller kept."""
+    import ringlet.torch as hvd
+    from hvd_world import hvd_world
+
+    p = 2
+
+    def fn(rank):
+        m = _net()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
+                                       sufficient_factors=True)
+        ptrs, kept = [], None
+        for step in range(6):
+            m.zero_grad(set_to_none=set_to_none)
+            _backward(m, rank, step)
+            opt.synchronize()
+            for q, w in zip(m.parameters(), _average(p, step)):
+                torch.testing.assert_close(q.grad, w, rtol=1e-5, atol=1e-6)
+            ptrs.append(m[0].weight.grad.data_ptr())
+            if step == 3:
+                kept = (m[0].weight.grad, m[0].weight.grad.clone())
+            with opt.skip_synchronize():
+                opt.step()
+        if set_to_none:  # else the caller's reference is .grad itself, zeroed by zero_grad as in torch
+            assert torch.equal(*kept)
+        assert opt._ordered.factors.factored == 5
+        return ptrs
+
+    for ptrs in hvd_world(p, fn):
+        assert ptrs[1] == ptrs[2] == ptrs[3]  # step 0 was dense; the average's memory is reused
+        if set_to_none:
+            assert ptrs[4] != ptrs[3]  # the caller kept step 3's gradient
+        else:
+            assert ptrs[4] == ptrs[5] == ptrs[3]
+
+
+def test_a_new_session_votes_again():
+    """After ``hvd.shutdown()`` and ``hvd.init()`` (as an elastic reset does) the optimizer starts dense,
+    votes at the end of the new session's first step and factors again."""
+    import ringlet.torch as hvd
+    from conftest import run_world
+
+    p = 2
+
+    def fn(rank):
+        hvd.init()
+        m = _net()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
+                                       sufficient_factors=True)
+        seen = []
+        for session in range(2):
+            if session:
+                hvd.shutdown()
+                hvd.init()
+            for step in range(3):
+                m.zero_grad()
+                _backward(m, rank, step)
+                opt.synchronize()
+                for q, w in zip(m.parameters(), _average(p, step)):
+                    torch.testing.assert_close(q.grad, w, rtol=1e-5, atol=1e-6)
+                seen.append(len(opt._ordered.factors.chosen))
+                with opt.skip_synchronize():
+                    opt.step()
+        hvd.shutdown()
+        return seen
+
+    for seen in run_world(p, fn):
+        assert seen == [1, 1, 1, 1, 1, 1]  # chosen after each session's first step
