@@ -221,8 +221,8 @@ def _local_fault(d: Draw, kind: str, c: Call, case: Case) -> tuple[str, Call]:
         return name, replace(c, root=d.pick(outside + [-1, 1.0, "0", True, None]))
     if name == "scale_bad":
         return name, replace(c, **{d.pick(("pre", "post")): d.pick(BAD_SCALES)})
-    if name == "scalar":
-        return name, replace(c, shape=(), splits=None)
+    if name == "scalar" or not c.shape:  # splits_bad on a call already 0-d (a second fault): scalar
+        return "scalar", replace(c, shape=(), splits=None)
     n = len(case.members)
     sp = list(c.splits) if c.splits is not None else [c.shape[0] // n] * n
     bad = d.pick(("short", "negative", "sum", "float"))

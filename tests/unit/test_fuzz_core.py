@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
-from fuzz_cases import Call, Case, draw_case
+from fuzz_cases import Call, Case, Draw, _local_fault, draw_case
 from fuzz_run import judge, rank_body
 from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
 from hypothesis import assume, given
@@ -113,3 +113,28 @@ def test_records_of_different_lengths_over_the_in_band_carrier():
     calls = [Call("broadcast", shape=(1,), dtype=torch.int8)] + [Call("broadcast", shape=(), dtype=torch.int8)] * 4
     with mock.patch.object(InprocTransport, "small_p2p", True):
         check_case(_case(5, calls, ["shape@0"]))
+
+
+class _Picks(Draw):
+    """Picks ``name`` wherever it is offered, else the first choice."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def pick(self, seq):
+        return self.name if self.name in seq else seq[0]
+
+    def int(self, lo: int, hi: int) -> int:
+        return lo
+
+
+def test_a_second_local_fault_on_a_scalar_alltoall_stays_scalar():
+    """The generator itself (found by the fuzz at seed 18): bad splits drawn for an all-to-all already made
+    0-d by an earlier fault keep it 0-d, instead of failing to split it; the case is still judged."""
+    case = _case(2, [Call("alltoall", shape=(4,), dtype=torch.int8)] * 2)
+    label, call = _local_fault(_Picks("scalar"), "alltoall", case.calls[0], case)
+    assert (label, call.shape) == ("scalar", ())
+    label, call = _local_fault(_Picks("splits_bad"), "alltoall", call, case)
+    assert (label, call.shape, call.splits) == ("scalar", (), None)
+    check_case(_case(2, [call, Call("alltoall", shape=(), dtype=torch.int8, layout="meta")],
+                     ["scalar@0", "meta@1"], {0, 1}))
