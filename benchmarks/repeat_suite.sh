@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 18: the bed's run-to-run noise against the cost model's error. For each shape: calibrate once
+# (`ringlet tune`), then the sweeps of benchmarks/prediction_suite.sh twice in a row (runs A and B, the
+# same profile installed), then the model's error against each run and run A against run B
+# (benchmarks/repeat_error.py). Needs root and an otherwise idle machine.
+#   usage: sudo benchmarks/repeat_suite.sh OUTDIR [4x1_1gbit] [4x1_10gbit] ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: repeat_suite.sh OUTDIR [SHAPE...]}; shift
+mkdir -p "$OUT"
+shapes=("$@"); [ ${#shapes[@]} -gt 0 ] || shapes=(4x1_1gbit)
+CLUSTER=(.venv/bin/ringlet cluster)
+ALGOS=auto,ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus
+trap '"${CLUSTER[@]}" down >/dev/null 2>&1 || true' EXIT
+sweep() {  # shape profile name first-size last-size extra-args...
+  local shape=$1 prof=$2 name=$3 b=$4 e=$5; shift 5
+  { echo "\$ RINGLET_PROFILE=$prof ringlet bench --cluster --transport torch --algorithms $ALGOS -b $b -e $e -f 4 $* --predict $prof"
+    RINGLET_PROFILE="$prof" .venv/bin/ringlet bench --no-progress --cluster --transport torch --algorithms "$ALGOS" \
+      -b "$b" -e "$e" -f 4 "$@" --predict "$prof" --json "$OUT/${name}_$shape.json"; } > "$OUT/${name}_$shape.txt" 2>&1
+}
+for shape in "${shapes[@]}"; do
+  hosts=${shape%%x*}; rest=${shape#*x}; per=${rest%%_*}; link=${rest#*_}
+  "${CLUSTER[@]}" up --hosts "$hosts" --ranks-per-host "$per" --link "$link" --replace >/dev/null
+  prof="$OUT/profile_$shape.json"
+  { echo "\$ ringlet tune --cluster --transport torch --out $prof"
+    .venv/bin/ringlet tune --cluster --transport torch --out "$prof"; } > "$OUT/tune_$shape.txt" 2>&1
+  for run in A B; do
+    sweep "$shape" "$prof" "bench_small_$run" 4 256K -n 200
+    sweep "$shape" "$prof" "bench_$run" 1M 256M
+  done
+  { for run in A B; do
+      .venv/bin/python benchmarks/prediction_error.py "$OUT/bench_small_${run}_$shape.json:$shape run $run" \
+        "$OUT/bench_${run}_$shape.json:$shape run $run"; echo; done
+    .venv/bin/python benchmarks/repeat_error.py --label "$shape A vs B" "$OUT/bench_small_A_$shape.json" \
+      "$OUT/bench_A_$shape.json" -- "$OUT/bench_small_B_$shape.json" "$OUT/bench_B_$shape.json"; } > "$OUT/noise_$shape.md"
+done
