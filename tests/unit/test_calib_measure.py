@@ -112,7 +112,12 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     if len(expect) == 1:  # the absent class copies the measured one
         assert first.network[INTRA] == first.network[INTER]
     net = first.network
-    assert net.op >= 0 and net.check >= 0 and net.check == first.info["check_overhead"]
+    # The check: checked minus unchecked whole calls where there are peers, else back-to-back agreements.
+    fit = first.info["per_call"].get("fit")
+    assert net.op >= 0 and net.check >= 0 and net.check == (fit["check"] if fit else first.info["check_overhead"])
+    if fit:
+        calls = [v for k, v in first.info["per_call"].items() if k != "fit"]
+        assert fit["check"] == pytest.approx(max(0.0, sum(v["checked"] - v["measured"] for v in calls) / len(calls)))
     if p > 1:  # the per-call constant came from whole all-reduces of both kinds
         calls = dict(first.info["per_call"])
         fit = calls.pop("fit")

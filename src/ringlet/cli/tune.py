@@ -58,10 +58,13 @@ def _tune_in_job(out: str, plan: str) -> int:
         per_call = dict(info.get("per_call", {}))
         fit = per_call.pop("fit", None)
         for algorithm, v in sorted(per_call.items()):
-            print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us, chain constants predict "
+            checked = f", checked {v['checked'] * 1e6:.1f} us" if "checked" in v else ""
+            print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us{checked}, chain constants predict "
                   f"{v['predicted'] * 1e6:.1f} us")
         if fit:
-            print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f} (in the table)")
+            check = (f", check {fit['check'] * 1e6:.1f} us (back-to-back agreements: "
+                     f"{info['check_overhead'] * 1e6:.1f} us)") if "check" in fit else ""
+            print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}{check} (in the table)")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

@@ -21,9 +21,9 @@ Protocol (docs/tuning.md gives the reasons):
    repetitions is kept.
 3. **Fit.** :func:`~ringlet.tuning.fit.fit_link` on ``seconds = overhead + steps·(α + sharing·b·β)``:
    relative least squares, non-negative, one round of outlier rejection. ``overhead`` (per executed
-   schedule, not per step) is reported in ``info`` (``op_overhead``); the :class:`Network`'s ``check``
-   is the time of the metadata agreement a checked collective makes before its data moves (slowest
-   rank, median; also ``info["check_overhead"]``).
+   schedule, not per step) is reported in ``info`` (``op_overhead``); back-to-back metadata agreements
+   are timed too (slowest rank, median; ``info["check_overhead"]``), the network's ``check`` until
+   step 6 replaces it.
 4. **γ.** Every rank times ``dst.add_(src)`` on float32 buffers of ``plan.gamma_sizes`` (cut to the
    segment size: the executor reduces one segment at a time) at the same time (the ranks of a host
    share its CPUs, as reductions in a collective do), the destination moving through 64 MiB so it
@@ -41,7 +41,9 @@ Protocol (docs/tuning.md gives the reasons):
    (:func:`~ringlet.tuning.fit.fit_per_call`): ``op`` is what a call costs beyond its steps (choosing,
    building, compiling, scaling), ``scale`` corrects both classes' α to what a step of a whole
    collective pays (a CPU quota shared by a host's ranks makes chain steps dearer than collective
-   steps). ``info["per_call"]`` keeps the timings and the fit.
+   steps). The same calls timed checked (each agreeing on its metadata first) give the network's
+   ``check``: the mean of checked minus unchecked, which is more than back-to-back agreements cost
+   (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -213,19 +215,24 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     if p < 2:
         return network, {}
     flat, topology = torch.ones(p, dtype=torch.float32), Topology(host_of)
-    seen, calls = {}, []
+    seen, calls, extra = {}, [], []
     for algorithm in _OP_ALGORITHMS:
-        first = prober.gather([prober.time_allreduce(algorithm, flat, 4)]).max()  # also builds and compiles
+        first = prober.gather([prober.time_allreduce(algorithm, flat, 4, checked=True)]).max()  # builds, compiles
         repeat = int(min(_SUSTAIN_CALLS[1], max(_SUSTAIN_CALLS[0], math.ceil(_SUSTAIN_S / max(first, 1e-6)))))
-        mine = [prober.time_allreduce(algorithm, flat, repeat) for _ in range(_SUSTAIN_REPS)]
-        measured = float(np.median(prober.gather(mine).max(axis=0)))
+        measured, checked = (float(np.median(prober.gather(
+            [prober.time_allreduce(algorithm, flat, repeat, checked=c) for _ in range(_SUSTAIN_REPS)]).max(axis=0)))
+            for c in (False, True))
         pred = predict_allreduce(algorithm, 4 * p, topology, network)
-        seen[algorithm] = {"measured": measured, "predicted": pred.seconds}
+        seen[algorithm] = {"measured": measured, "checked": checked, "predicted": pred.seconds}
         calls.append((measured, pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
+        extra.append(checked - measured)
     op, scale = fit_per_call(calls)
-    seen["fit"] = {"op": op, "alpha_scale": scale}
+    # What a check adds to a whole call (the agreement, then the data's first step waiting on its skew),
+    # which back-to-back agreements alone under-state.
+    check = max(0.0, float(np.mean(extra)))
+    seen["fit"] = {"op": op, "alpha_scale": scale, "check": check}
     links = {c: LinkCost(network[c].alpha * scale, network[c].beta) for c in LINK_CLASSES}
-    return dataclasses.replace(network, links=links, op=op), seen
+    return dataclasses.replace(network, links=links, op=op, check=check), seen
 
 
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:

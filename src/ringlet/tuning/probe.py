@@ -105,15 +105,18 @@ class Prober:
             dsts[i % len(dsts)].add_(src)
         return (time.perf_counter() - t0) / repeat
 
-    def time_allreduce(self, algorithm: str, flat: torch.Tensor, repeat: int) -> float:
-        """Seconds per unchecked all-reduce of ``flat`` with ``algorithm`` through the engine's operation
+    def time_allreduce(self, algorithm: str, flat: torch.Tensor, repeat: int, checked: bool = False) -> float:
+        """Seconds per all-reduce of ``flat`` with ``algorithm`` through the engine's operation
         (:func:`ringlet.engine.ops.allreduce_`: choice, schedule, executor, scaling) over ``repeat``
-        back-to-back calls after a barrier (this rank's clock)."""
+        back-to-back calls after a barrier (this rank's clock). ``checked``: each call first agrees on
+        its metadata record, as a checked collective does."""
         red = reduction(ReduceOp.SUM)
         ch = self.rt.channel(self.group)
         self.barrier()
         t0 = time.perf_counter()
         for _ in range(repeat):
+            if checked:
+                agree(ch, Meta.of("", Kind.ALLREDUCE, flat, op=ReduceOp.SUM, algorithm=algorithm))
             ops.allreduce_(ch, flat, red, algorithm)
         return (time.perf_counter() - t0) / repeat
 
