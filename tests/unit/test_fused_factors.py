@@ -47,9 +47,9 @@ def test_vote_and_decide():
     model = nn.Sequential(nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 3))
     f = _factors(model)
     model(torch.randn(4, 32)).sum().backward()
-    mine = f.vote(True)
-    # [stepping, worth per parameter (4), found per parameter (4)]: only the first weight is worth it
-    assert mine.tolist() == [1, 1, 0, 0, 0, 1, 0, 1, 0]
+    mine = f.vote(True, 2)
+    # [stepping, worth per parameter (4), found per parameter (4), 1]: only the first weight is worth it
+    assert mine.tolist() == [1, 1, 0, 0, 0, 1, 0, 1, 0, 1]
     f.decide(mine * 2)  # two ranks voted alike
     assert [layer.name for layer in f.chosen.values()] == ["0.weight"]
     assert f.in_use() is f.chosen and f.chosen[id(model[0].weight)].enabled  # "on": no trial
@@ -59,16 +59,16 @@ def test_a_joined_rank_votes_only_found():
     model = nn.Sequential(nn.Linear(32, 24))
     f = _factors(model)
     model(torch.randn(4, 32))
-    assert f.vote(False).tolist() == [0, 0, 0, 1, 0]
+    assert f.vote(False, 2).tolist() == [0, 0, 0, 1, 0, 1]
 
 
 def test_a_layer_some_rank_never_ran_is_not_chosen():
     model = nn.Sequential(nn.Linear(32, 24))
     f = _factors(model)
     model(torch.randn(4, 32))
-    votes = f.vote(True)
+    votes = f.vote(True, 2)
     votes[3] = 1  # found on this rank only, of two
-    votes[0], votes[1] = 2, 2
+    votes[0], votes[1], votes[-1] = 2, 2, 2
     f.decide(votes)
     assert not f.chosen and not f.in_use()
 
@@ -81,7 +81,7 @@ def test_a_weight_in_two_modules_is_not_found():
     x = torch.randn(4, 32)
     model(x)
     twin(x)
-    assert f.vote(True).tolist() == [1, 0, 0, 0, 0]
+    assert f.vote(True, 2).tolist() == [1, 0, 0, 0, 0, 1]
 
 
 def test_rows_of_a_forward_without_grad_do_not_count():
@@ -89,14 +89,14 @@ def test_rows_of_a_forward_without_grad_do_not_count():
     f = _factors(model)
     with torch.no_grad():
         model(torch.randn(4, 32))
-    assert f.vote(True).tolist() == [1, 0, 0, 0, 0]
+    assert f.vote(True, 2).tolist() == [1, 0, 0, 0, 0, 1]
 
 
 def test_auto_trial_alternates_and_decides_on_summed_times():
     model = nn.Sequential(nn.Linear(32, 24))
     f = _factors(model, "auto")
     model(torch.randn(4, 32)).sum().backward()
-    f.decide(f.vote(True) * 2)
+    f.decide(f.vote(True, 2) * 2)
     sums = []
     f.start_trial(lambda xs: sums.append(xs) or [2 * x for x in xs])
     used = []
@@ -106,6 +106,16 @@ def test_auto_trial_alternates_and_decides_on_summed_times():
     assert used[:2] == [False, False] and True in used and used.count(True) <= used.count(False)
     assert len(sums) >= 1 and f.decision is not None
     assert bool(f.chosen) == f.decision.choice.endswith("+factors")
+
+
+def test_worth_and_the_rank_count_follow_the_group_size_now():
+    model = nn.Sequential(nn.Linear(32, 24))
+    f = _factors(model, size=2)
+    model(torch.randn(4, 32))
+    assert f.vote(True, 8).tolist() == [1, 0, 0, 1, 0, 1]  # 8·4·56 > 32·24: not worth it on 8 ranks
+    votes = f.vote(True, 3) * 3  # three ranks now (an elastic reset grew the group)
+    f.decide(votes)
+    assert len(f.chosen) == 1
 
 
 def test_hook_goes_with_the_optimizer():

@@ -96,6 +96,14 @@ class Comm:
         self.root = self.ranks[0]
         self.size = len(self.ranks)
 
+    @property
+    def live_size(self) -> int:
+        """Ranks in the group now: for the world, its size after any elastic reset (``size`` is the
+        size at construction)."""
+        if self.group is not None:
+            return self.group.size
+        return _core.runtime().world.size if not self.coordinated else len(self.process_set.ranks)
+
     # ---- single collectives ------------------------------------------------------------------------
     def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0, timed: bool = False,
                    check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0, *,

@@ -52,7 +52,7 @@ def parse_mode(value) -> str:
 
 class FusedFactors:
     """The factored weights of one fused ``DistributedOptimizer`` (see the module doc). ``params``: its
-    parameters in order; ``names``: param -> name; ``size``: ranks in its group; ``mode``: as in the
+    parameters in order; ``names``: param -> name; ``size``: ranks in its group when built; ``mode``: as in the
     module doc, ``"off"`` where the optimizer's op or compression rules factors out. :attr:`active` is
     the same on every rank (a function of the arguments). ``tuner``: the trial against the dense
     reduction (``"auto"``, while it runs); ``decision``: its outcome."""
@@ -93,20 +93,21 @@ class FusedFactors:
             self._hook.remove()
             self._hook = None
 
-    def vote(self, stepping: bool) -> torch.Tensor:
-        """``[stepping, worth per parameter, found per parameter]`` of this rank (float64, summed over
-        ranks): ``worth`` only from a stepping rank, ``found`` (this rank holds a capture for the layer,
-        so it can take part in its gather) from every rank."""
+    def vote(self, stepping: bool, size: int) -> torch.Tensor:
+        """``[stepping, worth per parameter, found per parameter, 1]`` of this rank (float64, summed over
+        ranks): ``worth`` only from a stepping rank (on ``size`` ranks, the group's now), ``found`` (this
+        rank holds a capture for the layer, so it can take part in its gather) from every rank, and the
+        last slot counts the ranks."""
         self.stop_discovery()
         n = len(self.params)
-        v = torch.zeros(1 + 2 * n, dtype=torch.float64)
-        v[0] = float(stepping)
+        v = torch.zeros(2 + 2 * n, dtype=torch.float64)
+        v[0], v[-1] = float(stepping), 1.0
         for wid, layer in self.layers.items():
             if self._module_of.get(wid) == _TIED:
                 continue
             i = self._index[wid]
             v[1 + n + i] = 1.0
-            if stepping and _factors.worth_factoring(self.size, layer.rows, layer.out_features, layer.in_features):
+            if stepping and _factors.worth_factoring(size, layer.rows, layer.out_features, layer.in_features):
                 v[1 + i] = 1.0
         return v
 
@@ -114,10 +115,10 @@ class FusedFactors:
         """Choose from the summed votes (identical on every rank): the weights every stepping rank voted
         for and every rank found."""
         self.decided = True
-        n, stepping = len(self.params), round(float(votes[0]))
+        n, stepping, ranks = len(self.params), round(float(votes[0])), round(float(votes[-1]))
         self.chosen = {id(p): self.layers[id(p)] for i, p in enumerate(self.params)
                        if stepping > 0 and round(float(votes[1 + i])) == stepping
-                       and round(float(votes[1 + n + i])) == self.size}
+                       and round(float(votes[1 + n + i])) == ranks}
         for wid, layer in self.layers.items():
             if wid in self.chosen:
                 layer.enabled = True
@@ -175,7 +176,8 @@ class FusedFactors:
             res = _factors.gather_factors(layer, grad, pairs, comm, name, ordered=True)
             if res[0] != "factors":
                 return res
-            return "average", _factors.average_from_factors_async(res, layer.out_features, self.size, out)
+            # The ranks that took part (one span each): the group's size now, also after an elastic reset.
+            return "average", _factors.average_from_factors_async(res, layer.out_features, len(res[2]), out)
 
         fut = comm.submit(job)
         return lambda: self._deliver(p, layer, fut.wait())

@@ -162,7 +162,7 @@ class FusedGradients(OrderedGradients):
         if f is None:
             return
         if not f.decided and self._steps == 1:
-            votes = f.vote(stepping)
+            votes = f.vote(stepping, self.comm.live_size)
             self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False, ordered=True).wait()
             f.decide(votes)
             f.start_trial(self._sum_across_ranks)
