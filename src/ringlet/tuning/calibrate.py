@@ -227,8 +227,7 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
         calls.append((measured, pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
         extra.append(checked - measured)
     op, scale = fit_per_call(calls)
-    # What a check adds to a whole call (the agreement, then the data's first step waiting on its skew),
-    # which back-to-back agreements alone under-state.
+    # What a check adds to a whole call, which back-to-back agreements alone under-state (docs/tuning.md).
     check = max(0.0, float(np.mean(extra)))
     seen["fit"] = {"op": op, "alpha_scale": scale, "check": check}
     links = {c: LinkCost(network[c].alpha * scale, network[c].beta) for c in LINK_CLASSES}
