@@ -9,24 +9,12 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: repeat_suite.sh OUTDIR [SHAPE...]}; shift
 mkdir -p "$OUT"
 shapes=("$@"); [ ${#shapes[@]} -gt 0 ] || shapes=(4x1_1gbit)
-CLUSTER=(.venv/bin/ringlet cluster)
-ALGOS=auto,ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus
-trap '"${CLUSTER[@]}" down >/dev/null 2>&1 || true' EXIT
-sweep() {  # shape profile name first-size last-size extra-args...
-  local shape=$1 prof=$2 name=$3 b=$4 e=$5; shift 5
-  { echo "\$ RINGLET_PROFILE=$prof ringlet bench --cluster --transport torch --algorithms $ALGOS -b $b -e $e -f 4 $* --predict $prof"
-    RINGLET_PROFILE="$prof" .venv/bin/ringlet bench --no-progress --cluster --transport torch --algorithms "$ALGOS" \
-      -b "$b" -e "$e" -f 4 "$@" --predict "$prof" --json "$OUT/${name}_$shape.json"; } > "$OUT/${name}_$shape.txt" 2>&1
-}
+source benchmarks/suite_lib.sh
 for shape in "${shapes[@]}"; do
-  hosts=${shape%%x*}; rest=${shape#*x}; per=${rest%%_*}; link=${rest#*_}
-  "${CLUSTER[@]}" up --hosts "$hosts" --ranks-per-host "$per" --link "$link" --replace >/dev/null
-  prof="$OUT/profile_$shape.json"
-  { echo "\$ ringlet tune --cluster --transport torch --out $prof"
-    .venv/bin/ringlet tune --cluster --transport torch --out "$prof"; } > "$OUT/tune_$shape.txt" 2>&1
+  calibrate "$shape"
   for run in A B; do
-    sweep "$shape" "$prof" "bench_small_$run" 4 256K -n 200
-    sweep "$shape" "$prof" "bench_$run" 1M 256M
+    sweep "$shape" "bench_small_$run" 4 256K -n 200
+    sweep "$shape" "bench_$run" 1M 256M
   done
   { for run in A B; do
       .venv/bin/python benchmarks/prediction_error.py "$OUT/bench_small_${run}_$shape.json:$shape run $run" \

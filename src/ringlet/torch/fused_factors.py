@@ -34,6 +34,7 @@ from ringlet.tuning.online import Decision
 from ringlet.tuning.step_tuner import FACTORS, StepTuner
 
 from .training import factors as _factors
+from .training.buckets import take_into
 from .training.factor_reduction import reusable_out
 
 __all__ = ["FusedFactors", "parse_mode", "MODES"]
@@ -58,7 +59,7 @@ class FusedFactors:
     reduction (``"auto"``, while it runs); ``decision``: its outcome."""
 
     def __init__(self, params: list[torch.Tensor], names: dict, mode: str, size: int):
-        self.params, self.names, self.size, self.mode = params, names, size, mode
+        self.params, self.names, self.mode = params, names, mode
         self.active = size > 1 and mode in ("on", "auto")
         self.tuner: StepTuner | None = None
         self.decision: Decision | None = None
@@ -234,8 +235,7 @@ def _global_forward_hook(factors: FusedFactors):
 
 
 def _set_grad(p: torch.Tensor, value: torch.Tensor) -> None:
-    if p.grad is None or p.grad.dtype != value.dtype or p.grad.shape != value.shape:
+    if p.grad is None:
         p.grad = value
-    elif p.grad.data_ptr() != value.data_ptr():
-        with torch.no_grad():
-            p.grad.set_(value)
+    else:
+        take_into(p.grad, value)

@@ -24,7 +24,7 @@ from ringlet.types import ReduceOp
 
 from .comm import Comm, CommFuture, session_key
 from .fused_factors import FusedFactors
-from .training.buckets import is_view_of, layout_buckets, tensors_sharing
+from .training.buckets import is_view_of, layout_buckets, take_into, tensors_sharing
 
 __all__ = ["OrderedGradients", "FusedGradients", "serve_join", "start_header"]
 
@@ -124,7 +124,7 @@ class FusedGradients(OrderedGradients):
         self._session = session_key()
         self.serial = register(self)
         self._header: tuple[CommFuture, torch.Tensor] | None = None
-        self._take = _take  # how a reduced gradient reaches .grad
+        self._take = take_into  # how a reduced gradient reaches .grad
 
     def _use(self, factored: dict) -> None:
         """Launch units with the weights in ``factored`` (ids) reduced from factors, the rest fused into
@@ -288,19 +288,6 @@ class FusedGradients(OrderedGradients):
             for fut in self._reduce(i, self._flats(zeros, self._keep[i])):
                 fut.wait()
         self._after_step(False)
-
-
-def _take(grad: torch.Tensor, result: torch.Tensor) -> None:
-    """``grad`` becomes ``result``: as Horovod does, by pointing ``grad`` (the same tensor object, so
-    references to ``.grad`` see the average) at ``result``'s memory, a view of the fused buffer; a copy
-    only where dtype, shape or device differ."""
-    if result.data_ptr() == grad.data_ptr() and result.shape == grad.shape and result.stride() == grad.stride():
-        return  # reduced in place
-    if result.dtype == grad.dtype and result.shape == grad.shape and result.device == grad.device:
-        with torch.no_grad():
-            grad.set_(result)
-    else:
-        grad.copy_(result)
 
 
 def _held(flat: torch.Tensor, wires: list[torch.Tensor], ks: list[int]) -> bool:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 Reduction = Any
 
 __all__ = ["Bucket", "BucketSet", "BucketSets", "ArrivalOrder", "assign_buckets", "layout_buckets", "is_view_of",
-           "tensors_sharing"]
+           "take_into", "tensors_sharing"]
 
 
 class Bucket:
@@ -217,6 +217,19 @@ def is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     """Whether ``grad`` is exactly the (contiguous) memory of ``slot``."""
     return (grad.data_ptr() == slot.data_ptr() and grad.numel() == slot.numel() and grad.is_contiguous()
             and grad.dtype == slot.dtype and grad.device == slot.device)
+
+
+def take_into(grad: torch.Tensor, result: torch.Tensor) -> None:
+    """``grad`` becomes ``result``: as Horovod does, by pointing ``grad`` (the same tensor object, so
+    references to ``.grad`` see the average) at ``result``'s memory; a copy only where dtype, shape or
+    device differ."""
+    if result.data_ptr() == grad.data_ptr() and result.shape == grad.shape and result.stride() == grad.stride():
+        return  # reduced in place
+    if result.dtype == grad.dtype and result.shape == grad.shape and result.device == grad.device:
+        with torch.no_grad():
+            grad.set_(result)
+    else:
+        grad.copy_(result)
 
 
 def tensors_sharing(t: torch.Tensor) -> int | None:
