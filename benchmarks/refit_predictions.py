@@ -1,10 +1,11 @@
 """Re-predict a measured ``ringlet bench --predict`` sweep with a profile refitted offline: the per-call
-timings a profile already holds (``info["per_call"]``: whole ring and recursive-doubling all-reduces) go
+timings a profile already holds (``info["per_call"]``: whole all-reduces of one element per rank) go
 through today's :func:`ringlet.tuning.fit.fit_per_call`, and every predicted row is predicted again with
 the refitted network (same segment as before, checked as the sweep was). The measurements are untouched;
-``auto``'s choices in them were made with the old profile.
+``auto``'s choices in them were made with the old profile. ``--cpus SCOPE:CORES`` sets who shares the
+processors (``machine:2``) for a profile written before it was measured.
 
-    python benchmarks/refit_predictions.py PROFILE.json BENCH.json [BENCH.json ...] --out-dir DIR
+    python benchmarks/refit_predictions.py PROFILE.json BENCH.json [BENCH.json ...] --out-dir DIR [--cpus machine:2]
 
 Writes ``DIR/profile.json`` (the refitted profile) and, per input, ``DIR/<name>`` with the new predictions;
 ``benchmarks/prediction_error.py`` reads those.
@@ -17,27 +18,25 @@ import json
 import os
 import sys
 
+from ringlet.tuning.calibrate import per_call_parts
 from ringlet.tuning.cost import predict_allreduce
 from ringlet.tuning.fit import fit_per_call
-from ringlet.tuning.network import LINK_CLASSES, LinkCost, Topology
+from ringlet.tuning.network import LINK_CLASSES, Cpus, LinkCost, Topology
 from ringlet.tuning.profile import Profile
 
 
-def refit(profile: Profile) -> Profile:
-    """The profile with ``op`` and the α scale fitted from its own per-call timings."""
+def refit(profile: Profile, cpus: Cpus | None = None) -> Profile:
+    """The profile with ``op``, the α scale and ``epsilon`` fitted from its own per-call timings."""
     host_of = profile.fingerprint.host_of()
     topology, p = Topology(host_of), len(host_of)
-    base = dataclasses.replace(profile.network, op=0.0)
-    calls = []
-    for algorithm, seen in profile.info["per_call"].items():
-        if algorithm == "fit":
-            continue
-        pred = predict_allreduce(algorithm, 4 * p, topology, base)
-        calls.append((seen["measured"], pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
-    op, scale = fit_per_call(calls)
+    base = dataclasses.replace(profile.network, op=0.0, epsilon=0.0, cpus=cpus or profile.network.cpus)
+    calls = [(seen["measured"], *per_call_parts(algorithm, 4 * p, topology, base))
+             for algorithm, seen in profile.info["per_call"].items() if algorithm != "fit"]
+    op, scale, epsilon = fit_per_call(calls)
     links = {c: LinkCost(base[c].alpha * scale, base[c].beta) for c in LINK_CLASSES}
-    info = dict(profile.info, refit={"op": op, "alpha_scale": scale, "from": "benchmarks/refit_predictions.py"})
-    return Profile(profile.fingerprint, dataclasses.replace(base, links=links, op=op), info)
+    info = dict(profile.info, refit={"op": op, "alpha_scale": scale, "epsilon": epsilon,
+                                     "from": "benchmarks/refit_predictions.py"})
+    return Profile(profile.fingerprint, dataclasses.replace(base, links=links, op=op, epsilon=epsilon), info)
 
 
 def repredict(profile: Profile, path: str, out: str) -> int:
@@ -66,12 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("profile")
     ap.add_argument("benches", nargs="+")
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--cpus", default=None, help="SCOPE:CORES, e.g. machine:2 (default: the profile's)")
     args = ap.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
-    prof = refit(Profile.load(args.profile))
+    cpus = None
+    if args.cpus:
+        scope, _, cores = args.cpus.partition(":")
+        cpus = Cpus(scope, float(cores or 1))
+    prof = refit(Profile.load(args.profile), cpus)
     prof.save(os.path.join(args.out_dir, os.path.basename(args.profile)))
     fit = prof.info["refit"]
-    print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}")
+    print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}, "
+          f"epsilon {fit['epsilon'] * 1e6:.1f} us")
     for path in args.benches:
         n = repredict(prof, path, os.path.join(args.out_dir, os.path.basename(path)))
         print(f"  {path}: {n} rows re-predicted")

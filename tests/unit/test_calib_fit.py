@@ -139,15 +139,20 @@ def test_beta_comes_from_the_bandwidth_bound_sizes():
     assert fit.alpha == pytest.approx(alpha, rel=0.1)
 
 
-@pytest.mark.parametrize("op, scale", [(0.0, 1.0), (2e-3, 0.15), (5e-4, 1.8)])
-def test_per_call_fit_separates_the_call_from_its_steps(op, scale):
-    calls = [(op + scale * a + rest, a, rest) for a, rest in ((3e-3, 1e-5), (1e-3, 2e-6))]
-    got_op, got_scale = fit_per_call(calls)
-    assert got_op == pytest.approx(op, abs=1e-9) and got_scale == pytest.approx(scale, rel=1e-9)
+@pytest.mark.parametrize("op, scale, eps", [(0.0, 1.0, 0.0), (2e-3, 0.15, 1e-4), (5e-4, 1.8, 0.0), (1e-3, 0.0, 2e-4)])
+def test_per_call_fit_separates_the_call_from_its_steps_and_endpoints(op, scale, eps):
+    # Many steps and few, one endpoint per step and several: the three constants are determined.
+    parts = ((3e-3, 24.0, 1e-5), (1e-3, 8.0, 2e-6), (1e-3, 24.0, 2e-6), (3e-3, 6.0, 0.0))
+    calls = [(op + scale * a + eps * e + rest, a, e, rest) for a, e, rest in parts]
+    got = fit_per_call(calls)
+    assert got == pytest.approx((op, scale, eps), abs=1e-9)
 
 
-def test_per_call_fit_without_two_step_counts_keeps_the_constants():
-    assert fit_per_call([(5e-3, 2e-3, 0.0)]) == pytest.approx((3e-3, 1.0))
-    assert fit_per_call([(1e-3, 2e-3, 0.0), (1e-3, 2e-3, 0.0)]) == (0.0, 1.0)  # never a negative op
+def test_per_call_fit_with_what_it_cannot_separate():
+    # Endpoints proportional to the α part: it cannot tell them apart, keeps ``scale`` and no ``epsilon``.
+    calls = [(2e-3 + 0.5 * a + rest, a, 4e3 * a, rest) for a, rest in ((3e-3, 1e-5), (1e-3, 2e-6))]
+    assert fit_per_call(calls) == pytest.approx((2e-3, 0.5, 0.0), abs=1e-9)
+    assert fit_per_call([(5e-3, 2e-3, 4.0, 0.0)]) == pytest.approx((3e-3, 1.0, 0.0))
+    assert fit_per_call([(1e-3, 2e-3, 4.0, 0.0), (1e-3, 2e-3, 4.0, 0.0)]) == (0.0, 1.0, 0.0)  # never a negative op
     with pytest.raises(ValueError, match="at least one"):
         fit_per_call([])

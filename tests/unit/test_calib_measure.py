@@ -121,8 +121,11 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     if p > 1:  # the per-call constant came from whole all-reduces of both kinds
         calls = dict(first.info["per_call"])
         fit = calls.pop("fit")
-        assert sorted(calls) == ["recursive_doubling", "ring"] and fit["op"] == net.op and fit["alpha_scale"] > 0
-        assert all(v["measured"] > 0 and v["predicted"] >= 0 for v in calls.values())
+        assert sorted(calls) == ["direct", "recursive_doubling", "ring"]
+        assert fit["op"] == net.op and fit["epsilon"] == net.epsilon and fit["alpha_scale"] >= 0
+        assert all(v["measured"] > 0 and v["predicted"] >= 0 and v["endpoints"] > 0 for v in calls.values())
+        # One process holds every rank here: one kernel, so the job's ranks share its processors.
+        assert net.cpus.scope == ("machine" if len(set(host_of)) > 1 else "host") == fit["cpus"]["scope"]
     else:
         assert net.op == 0 and first.info["per_call"] == {}
 

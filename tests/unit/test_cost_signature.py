@@ -57,7 +57,9 @@ def test_identical_resources_are_kept_once():
     sig = cost.AllreduceCost("ring", Topology(tuple(range(p)))).signature
     assert sig.steps == 2 * (p - 1) and sig.messages == 2 * (p - 1) * p
     assert len(sig.num) == sig.steps  # one transfer shape per step
-    assert len(sig.rstarts) == 2  # every host link alike (up and down), every rank's reductions alike
+    # Every host link alike (up and down), every rank's reductions alike, every rank's and every host's
+    # processors alike, and the job's.
+    assert len(sig.rstarts) == 5
 
 
 def test_empty_schedule():

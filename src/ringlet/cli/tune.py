@@ -59,12 +59,14 @@ def _tune_in_job(out: str, plan: str) -> int:
         fit = per_call.pop("fit", None)
         for algorithm, v in sorted(per_call.items()):
             checked = f", checked {v['checked'] * 1e6:.1f} us" if "checked" in v else ""
+            ends = f", {v['endpoints']:g} endpoint loads" if "endpoints" in v else ""
             print(f"per call, {algorithm}: measured {v['measured'] * 1e6:.1f} us{checked}, chain constants predict "
-                  f"{v['predicted'] * 1e6:.1f} us")
+                  f"{v['predicted'] * 1e6:.1f} us{ends}")
         if fit:
             check = (f", check {fit['check'] * 1e6:.1f} us (back-to-back agreements: "
                      f"{info['check_overhead'] * 1e6:.1f} us)") if "check" in fit else ""
-            print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}{check} (in the table)")
+            eps = f", epsilon {fit['epsilon'] * 1e6:.1f} us" if "epsilon" in fit else ""
+            print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}{eps}{check} (in the table)")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

@@ -33,15 +33,17 @@ Protocol (docs/tuning.md gives the reasons):
    time budget drops the sizes from the first whose projected cost — its time per step extrapolated
    from the two sizes before — would exceed it) is taken on identical numbers; the profile rank 0
    builds is broadcast, so every rank holds the same bytes.
-6. **Per call.** Whole unchecked all-reduces of one element per rank through the engine's operation
-   (ring and recursive doubling: many steps and few) are timed back to back for about a quarter of a
-   second per timing (sustained, as training calls them: a CPU quota lets short bursts run faster) and
-   fitted as
-   ``measured = op + scale · (their α part under the chain constants) + the rest``
-   (:func:`~ringlet.tuning.fit.fit_per_call`): ``op`` is what a call costs beyond its steps (choosing,
-   building, compiling, scaling), ``scale`` corrects both classes' α to what a step of a whole
-   collective pays (a CPU quota shared by a host's ranks makes chain steps dearer than collective
-   steps). The same calls timed checked (each agreeing on its metadata first) give the network's
+6. **Per call.** First who shares the processors that handle messages (the network's ``cpus``): every
+   rank, when all run on one kernel (the same boot id: hosts emulated on one machine), else the ranks
+   of a host. Then whole unchecked all-reduces of one element per rank through the engine's operation
+   — ring, recursive doubling and direct (many steps and few, one message per rank and step and p−1)
+   — are timed back to back for about a quarter of a second per timing (sustained, as training calls
+   them: a CPU quota lets short bursts run faster) and fitted as
+   ``measured = op + scale · (their α part under the chain constants) + epsilon · (their endpoint
+   load) + the rest`` (:func:`~ringlet.tuning.fit.fit_per_call`): ``op`` is what a call costs beyond
+   its steps (choosing, building, compiling, scaling), ``scale`` corrects both classes' α to what a
+   step of a whole collective pays, ``epsilon`` what each message endpoint costs the processors that
+   handle it. The same calls timed checked (each agreeing on its metadata first) give the network's
    ``check``: the mean of checked minus unchecked, which is more than back-to-back agreements cost
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 
@@ -53,8 +55,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -63,7 +67,7 @@ import torch
 
 from .cost import predict_allreduce
 from .fit import LinkFit, Sample, fit_gamma, fit_link, fit_per_call
-from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
+from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topology
 from .probe import Prober, chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
 from .shared import broadcast_bytes
@@ -201,37 +205,80 @@ def _network(fits: dict[str, LinkFit], gamma: float, check: float) -> Network:
     return Network(links, gamma, check=check)
 
 
-_OP_ALGORITHMS = ("ring", "recursive_doubling")  # many steps and few: a per-call constant fits both
+# The whole calls of step 6: many steps and few, one message per rank and step and many (direct's fan-out).
+_PER_CALL = ("ring", "recursive_doubling", "direct")
 # Each per-call timing runs calls back to back for about this long (within these counts), three times: a
 # CPU quota (100 ms periods) lets a short burst run unthrottled, while training's calls are sustained.
 _SUSTAIN_S, _SUSTAIN_CALLS, _SUSTAIN_REPS = 0.25, (8, 512), 3
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"  # one per running kernel: emulated hosts share it
+
+
+def _machine_key() -> float:
+    """A number naming this rank's kernel (equal for processes of one machine, containers and network
+    namespaces included); NaN where the system does not say."""
+    try:
+        with open(_BOOT_ID) as fh:
+            return float(zlib.crc32(fh.read().strip().encode()))
+    except OSError:
+        return math.nan
+
+
+def _measure_cpus(prober: Prober, host_of: tuple[int, ...]) -> Cpus:
+    """Who shares the processors that handle messages (agreed on every rank): every rank of a job whose
+    hosts run on one kernel (``machine``, its cores), else the ranks of a host when some host has
+    several (``host``, the fewest cores any rank sees), else nobody (``rank``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    got = prober.gather([_machine_key(), float(cores)])
+    keys, fewest = got[:, 0], float(got[:, 1].min())
+    if len(set(host_of)) > 1 and not np.isnan(keys).any() and (keys == keys[0]).all():
+        return Cpus("machine", fewest)
+    if len(set(host_of)) < len(host_of):
+        return Cpus("host", fewest)
+    return Cpus("rank")
+
+
+def per_call_parts(algorithm: str, nbytes: int, topology: Topology, network: Network) -> tuple[float, float, float]:
+    """The α part, the summed endpoint load (what ``epsilon`` multiplies) and the rest of a call's
+    prediction under ``network`` (its ``epsilon`` and ``op`` ignored)."""
+    base = dataclasses.replace(network, epsilon=0.0, op=0.0)
+    pred = predict_allreduce(algorithm, nbytes, topology, base)
+    zero = LinkCost(0.0, 0.0)
+    ends = predict_allreduce(algorithm, nbytes, topology,
+                             Network({c: zero for c in LINK_CLASSES}, epsilon=1.0, cpus=network.cpus)).seconds
+    return pred.terms["alpha"], ends, pred.seconds - pred.terms["alpha"]
 
 
 def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
                 host_of: tuple[int, ...]) -> tuple[Network, dict]:
-    """Step 6 of the protocol: ``network`` with the per-call constant and the α correction from whole
-    all-reduces, and, per algorithm, the agreed measured and predicted seconds they came from."""
+    """Step 6 of the protocol: ``network`` with the per-call constant, the α correction and the price
+    of a message endpoint from whole all-reduces, and, per call, the agreed measured and predicted
+    seconds they came from."""
     p = len(host_of)
     if p < 2:
         return network, {}
     flat, topology = torch.ones(p, dtype=torch.float32), Topology(host_of)
+    network = dataclasses.replace(network, cpus=_measure_cpus(prober, host_of))
     seen, calls, extra = {}, [], []
-    for algorithm in _OP_ALGORITHMS:
+    for algorithm in _PER_CALL:
         first = prober.gather([prober.time_allreduce(algorithm, flat, 4, checked=True)]).max()  # builds, compiles
         repeat = int(min(_SUSTAIN_CALLS[1], max(_SUSTAIN_CALLS[0], math.ceil(_SUSTAIN_S / max(first, 1e-6)))))
         measured, checked = (float(np.median(prober.gather(
             [prober.time_allreduce(algorithm, flat, repeat, checked=c) for _ in range(_SUSTAIN_REPS)]).max(axis=0)))
             for c in (False, True))
-        pred = predict_allreduce(algorithm, 4 * p, topology, network)
-        seen[algorithm] = {"measured": measured, "checked": checked, "predicted": pred.seconds}
-        calls.append((measured, pred.terms["alpha"], pred.seconds - pred.terms["alpha"]))
+        alpha, ends, rest = per_call_parts(algorithm, 4 * p, topology, network)
+        seen[algorithm] = {"measured": measured, "checked": checked, "predicted": alpha + rest, "endpoints": ends}
+        calls.append((measured, alpha, ends, rest))
         extra.append(checked - measured)
-    op, scale = fit_per_call(calls)
+    op, scale, epsilon = fit_per_call(calls)
     # What a check adds to a whole call, which back-to-back agreements alone under-state (docs/tuning.md).
     check = max(0.0, float(np.mean(extra)))
-    seen["fit"] = {"op": op, "alpha_scale": scale, "check": check}
+    seen["fit"] = {"op": op, "alpha_scale": scale, "epsilon": epsilon, "check": check,
+                   "cpus": dataclasses.asdict(network.cpus)}
     links = {c: LinkCost(network[c].alpha * scale, network[c].beta) for c in LINK_CLASSES}
-    return dataclasses.replace(network, links=links, op=op, check=check), seen
+    return dataclasses.replace(network, links=links, op=op, check=check, epsilon=epsilon), seen
 
 
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:

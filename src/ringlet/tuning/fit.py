@@ -166,19 +166,29 @@ def fit_gamma(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, f
     return float(x[1]), float(x[0])
 
 
-def fit_per_call(calls: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
-    """``(op, scale)`` from whole collectives: each of ``calls`` is ``(measured, alpha_part, rest)`` — a
-    call's measured seconds, the α part of its prediction (the per-message terms) and the rest (β, γ) —
-    fitted as ``measured = op + scale · alpha_part + rest`` (least squares, both >= 0). Calls that differ
-    in their α part (many steps and few) separate the two: ``scale`` corrects the per-message constants
-    measured on chains to what whole collectives pay per step, ``op`` is the per-call rest. Without two
-    distinct α parts: ``scale`` 1 and ``op`` the mean residual (at least 0). ``ValueError`` for no calls."""
+def fit_per_call(calls: Sequence[tuple[float, float, float, float]]) -> tuple[float, float, float]:
+    """``(op, scale, epsilon)`` from whole collectives: each of ``calls`` is ``(measured, alpha_part,
+    endpoint_part, rest)`` — a call's measured seconds, the α part of its prediction (the per-message
+    link terms), its message endpoints summed over its steps (each step's busiest end, as the cost
+    model charges ``epsilon``) and the rest (β, γ) — fitted as
+    ``measured = op + scale · alpha_part + epsilon · endpoint_part + rest`` (relative least squares, all
+    three >= 0). Calls that differ in steps and in endpoints per step (many steps and few; one message
+    per step and many) separate them: ``scale`` corrects the per-message constants measured on chains,
+    ``epsilon`` prices each message a processor handles, ``op`` is the per-call rest. When a column
+    cannot be separated it is left out (``scale`` 1, ``epsilon`` 0), down to ``op`` alone: the mean
+    residual (at least 0). ``ValueError`` for no calls."""
     if not calls:
         raise ValueError("fitting the per-call constant needs at least one timed call")
-    m = np.array([c[0] - c[2] for c in calls], dtype=float)
+    m = np.array([c[0] - c[3] for c in calls], dtype=float)
     a = np.array([c[1] for c in calls], dtype=float)
-    if len(set(a.tolist())) >= 2 and (a > 0).all():
-        op, scale = nonnegative_lstsq(np.stack([np.ones_like(a), a], axis=1) / m[:, None], np.ones_like(m))
-        if scale > 0:
-            return float(op), float(scale)
-    return max(0.0, float(np.mean(m - a))), 1.0
+    e = np.array([c[2] for c in calls], dtype=float)
+    ones = np.ones_like(m)
+    for cols in ((0, 1, 2), (0, 1), (0, 2)):
+        mat = np.stack([ones, a, e], axis=1)[:, cols]
+        if len(calls) < len(cols) or np.linalg.matrix_rank(mat) < len(cols) or (mat <= 0).all(axis=0).any():
+            continue
+        x = nonnegative_lstsq(mat / np.maximum(m, 1e-12)[:, None], ones)
+        full = dict(zip(cols, x.tolist()))
+        if full.get(1, 1.0) > 0 or full.get(2, 0.0) > 0:
+            return float(full[0]), float(full.get(1, 1.0)), float(full.get(2, 0.0))
+    return max(0.0, float(np.mean(m - a))), 1.0, 0.0

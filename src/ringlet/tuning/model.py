@@ -73,17 +73,19 @@ class Model:
 
     ``segments``: segment sizes tried (None = unsegmented), in order of preference; ``max_fanout``: an
     algorithm in which one rank sends more transfers than this in one step is not chosen by ``"auto"``
-    (the timing model charges concurrent messages no per-message CPU cost, so it flatters such
-    schedules; forcing the name still works); ``cache``: decisions kept (least recently used dropped).
+    (forcing the name still works). None: no limit when the network prices message endpoints
+    (``epsilon > 0``: a rank's concurrent messages are charged one after another), else 2 (without that
+    price the timing model charges them nothing and flatters such schedules). ``cache``: decisions kept
+    (least recently used dropped).
     Thread-safe. ``ValueError`` for bad arguments."""
 
-    def __init__(self, network: Network, *, segments: Sequence[int | None] = SEGMENTS, max_fanout: int = 2,
+    def __init__(self, network: Network, *, segments: Sequence[int | None] = SEGMENTS, max_fanout: int | None = None,
                  cache: int = 4096):
         if not isinstance(network, Network):
             raise ValueError(f"a Model needs a Network, got {type(network).__name__}")
         if not segments or any(s is not None and (not isinstance(s, int) or s < 1) for s in segments):
             raise ValueError(f"segments must be positive byte counts or None, got {segments!r}")
-        if max_fanout < 1 or cache < 1:
+        if (max_fanout is not None and max_fanout < 1) or cache < 1:
             raise ValueError(f"need max_fanout >= 1 and cache >= 1, got {max_fanout} and {cache}")
         self._network = network
         self.segments = tuple(segments)
@@ -98,6 +100,13 @@ class Model:
     @property
     def network(self) -> Network:
         return self._network
+
+    @property
+    def fanout_limit(self) -> float:
+        """The most transfers one rank may send in one step of an algorithm ``"auto"`` chooses."""
+        if self.max_fanout is not None:
+            return self.max_fanout
+        return math.inf if self._network.epsilon > 0 else 2
 
     def set_network(self, network: Network) -> None:
         """Replace the constants (e.g. corrected while training runs); earlier decisions are dropped."""
@@ -119,7 +128,7 @@ class Model:
     def algorithms(self, host_of: Sequence[int]) -> tuple[str, ...]:
         """The algorithms ``"auto"`` considers on ``host_of``, in order of preference."""
         names = [a for a in PREFERENCE if a in ALLREDUCE] + sorted(set(ALLREDUCE) - set(PREFERENCE))
-        fit = tuple(a for a in names if self.cost(a, host_of).fanout <= self.max_fanout)
+        fit = tuple(a for a in names if self.cost(a, host_of).fanout <= self.fanout_limit)
         return fit or tuple(names)
 
     def _times(self, algorithms: Sequence[str], nbytes: int, host_of, itemsize: int, network: Network | None):

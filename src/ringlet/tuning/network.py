@@ -17,6 +17,15 @@ seen by the collective, so calibrated values already contain protocol overheads.
 collective call costs beyond its steps (choosing, compiling, scaling: software, whatever the size), and
 ``check`` what the metadata agreement of a checked call adds; both are per call, not per message, so
 they shift every algorithm alike and never change a choice, only the predicted time.
+
+CPU. ``epsilon`` is the processor time of one message endpoint (posting a send or a receive of one
+segment and completing it). A rank handles its endpoints of a step one after another; ``cpus`` says
+which ranks also share processors for it (:class:`Cpus`): none (``rank``), the ranks of one host
+(``host``) or every rank of the job (``machine``: hosts emulated on one machine). A step's transfer
+pays ``epsilon`` times the *load* of the busier of its two ends: the most endpoints one rank has in
+the step, or the endpoints of its sharing scope divided by ``cpus.cores``, whichever is larger. This
+is what makes a rank that sends to many peers at once (``direct``) pay for each message, and, on an
+emulated cluster, a step in which every rank works dearer than one in which two do.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ import numpy as np
 
 INTRA, INTER = "intra", "inter"
 LINK_CLASSES = (INTRA, INTER)
+SCOPES = ("rank", "host", "machine")  # who shares the processors that handle messages (Cpus.scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +58,47 @@ class LinkCost:
         return math.inf if self.beta == 0 else 8e-9 / self.beta
 
 
+@dataclass(frozen=True, slots=True)
+class Cpus:
+    """Who shares the processors that handle message endpoints: ``scope`` ``"rank"`` (nobody: each rank
+    only serialises its own), ``"host"`` (the ranks of one host share ``cores``) or ``"machine"`` (every
+    rank of the job shares ``cores``: hosts emulated on one machine)."""
+
+    scope: str = "rank"
+    cores: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"cpus scope must be one of {SCOPES}, got {self.scope!r}")
+        if not (self.cores > 0 and math.isfinite(self.cores)):
+            raise ValueError(f"cpus cores must be finite and > 0, got {self.cores}")
+
+    def load(self, ends: np.ndarray) -> np.ndarray:
+        """Endpoint loads from :meth:`Topology.endpoints` columns (rank, host, job): a rank's own, or
+        its scope's divided by ``cores`` where that is more."""
+        if self.scope == "rank":
+            return ends[..., 0]
+        return np.maximum(ends[..., 0], ends[..., 1 if self.scope == "host" else 2] / self.cores)
+
+
 @dataclass(frozen=True)
 class Network:
     """The constants table: axes are link class (``intra``, ``inter``) × (``alpha``, ``beta``), and
-    ``gamma`` (s/B), ``op`` (s per collective call), ``check`` (s per metadata agreement)."""
+    ``gamma`` (s/B), ``op`` (s per collective call), ``check`` (s per metadata agreement), ``epsilon``
+    (s per message endpoint) with ``cpus`` (who shares the processors handling them)."""
 
     links: Mapping[str, LinkCost]
     gamma: float = 0.0
     op: float = 0.0
     check: float = 0.0
+    epsilon: float = 0.0
+    cpus: Cpus = Cpus()
 
     def __post_init__(self) -> None:
         missing = [c for c in LINK_CLASSES if c not in self.links]
         if missing:
             raise ValueError(f"network lacks link classes {missing}")
-        for name in ("gamma", "op", "check"):
+        for name in ("gamma", "op", "check", "epsilon"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -83,13 +119,16 @@ class Network:
 
     def to_dict(self) -> dict:
         return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma, "op": self.op,
-                "check": self.check}
+                "check": self.check, "epsilon": self.epsilon, "cpus": asdict(self.cpus)}
 
     @staticmethod
     def from_dict(d: Mapping) -> "Network":
         try:
             links = {c: LinkCost(float(v["alpha"]), float(v["beta"])) for c, v in d["links"].items()}
-            return Network(links, float(d.get("gamma", 0.0)), float(d.get("op", 0.0)), float(d.get("check", 0.0)))
+            cpus = d.get("cpus") or {}
+            return Network(links, float(d.get("gamma", 0.0)), float(d.get("op", 0.0)), float(d.get("check", 0.0)),
+                           float(d.get("epsilon", 0.0)),
+                           Cpus(str(cpus.get("scope", "rank")), float(cpus.get("cores", 1.0))))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a network table: {d!r}") from exc
 
@@ -101,6 +140,8 @@ class Network:
             rows.append(f"{c:<6} {lc.alpha * 1e6:11.2f} {lc.beta * 1e9:12.4f} {lc.gbit:8.2f}")
         rows.append(f"gamma  {self.gamma * 1e9:.4f} ns/B ({'inf' if not self.gamma else f'{1e-9 / self.gamma:.2f}'} GB/s)")
         rows.append(f"per call {self.op * 1e6:.2f} us, metadata check {self.check * 1e6:.2f} us")
+        rows.append(f"per message endpoint {self.epsilon * 1e6:.2f} us, shared by {self.cpus.scope}"
+                    + ("" if self.cpus.scope == "rank" else f" ({self.cpus.cores:g} cores)"))
         return "\n".join(rows)
 
 
@@ -127,6 +168,13 @@ class Topology:
         return len(self.host_of)
 
     @property
+    def hosts(self) -> np.ndarray:
+        """Every rank's host as a dense index ``0..nhosts-1`` (read-only view)."""
+        view = self._hosts.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def nhosts(self) -> int:
         return int(self._hosts.max()) + 1 if self.size else 0
 
@@ -145,6 +193,16 @@ class Topology:
     @property
     def nlinks(self) -> int:
         return 2 * self.size + 2 * self.nhosts
+
+    def endpoints(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """For the transfers ``src[i] -> dst[i]`` of one step: ``(n, 3)`` int64, the step's message
+        endpoints (sends plus receives) at the busier of transfer ``i``'s two ends, counted for one
+        rank, for one host and for the whole job (:meth:`Cpus.load` turns them into a load)."""
+        ends = np.bincount(src, minlength=self.size) + np.bincount(dst, minlength=self.size)
+        per_host = np.bincount(self._hosts, weights=ends, minlength=self.nhosts).astype(np.int64)
+        hs, hd = self._hosts[src], self._hosts[dst]
+        return np.stack([np.maximum(ends[src], ends[dst]), np.maximum(per_host[hs], per_host[hd]),
+                         np.full(len(src), int(ends.sum()), np.int64)], axis=1)
 
 
 @dataclass(frozen=True)

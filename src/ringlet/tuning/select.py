@@ -143,11 +143,11 @@ def allgather_choice(name: str | None, counts: tuple[int, ...], itemsize: int, h
     """The all-gather algorithm that runs for request ``name`` over blocks of ``counts`` elements of
     ``itemsize`` bytes on a group laid out as ``host_of``: a forced name as :func:`allgather` says;
     ``"auto"`` the one of least predicted time under ``model`` (ring or direct, from their schedules;
-    direct only where a rank's p-1 sends stay within the model's ``max_fanout``, as for all-reduce), or
+    direct only where a rank's p-1 sends stay within the model's ``fanout_limit``, as for all-reduce), or
     ``"ring"`` without a model. ``ValueError`` for an unknown name."""
     if (name or "ring").strip().lower() != AUTO or model is None or len(counts) < 2:
         return allgather(name)
-    if len(counts) - 1 > model.max_fanout:
+    if len(counts) - 1 > model.fanout_limit:
         return "ring"
     return _fastest_allgather(tuple(counts), int(itemsize), tuple(host_of), model.network)
 

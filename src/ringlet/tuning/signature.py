@@ -5,13 +5,16 @@ Two tables, both deduplicated:
 
 * **step rows**, sorted by step: one per distinct transfer shape of a step — link class, flows (the
   most transfers of the step on a link the transfer crosses), reducers (for a reducing transfer, how
-  many reducing transfers its receiver takes in that step: they are reduced one after the other), and
-  its size as a fraction ``num/den`` of the element count. They give each step's per-segment time ``τ_s``.
-* **resource rows**, sorted by group: every link and every rank's reduction (its CPU) is a resource;
-  resources that are used identically in every step form one group, kept once. A row says how a
-  group's resource is used in one step: kind (intra link, inter link, reduction), how many transfers
-  share it, and the largest one's fraction. They give the pipeline's steady state: the busiest
-  resource's occupancy summed over the steps.
+  many reducing transfers its receiver takes in that step: they are reduced one after the other), its
+  size as a fraction ``num/den`` of the element count, and the message endpoints (sends and receives)
+  of the step at its busier end: of one rank, of one host, of the whole job (the network's ``cpus``
+  picks which are shared). They give each step's per-segment time ``τ_s``.
+* **resource rows**, sorted by group: every link, every rank's reduction and the processors that
+  handle messages (each rank's, each host's, the job's) are resources; resources that are used
+  identically in every step form one group, kept once. A row says how a group's resource is used in
+  one step: kind (intra link, inter link, reduction, rank/host/job processors), how many transfers
+  (endpoints, for processors) share it, and the largest one's fraction. They give the pipeline's
+  steady state: the busiest resource's occupancy summed over the steps.
 
 At ``n`` elements a row's size is ``ceil(num·n/den)`` elements: exactly the largest block of an even
 split, so a signature built at a count where every split is even predicts the real schedule's time
@@ -27,7 +30,8 @@ import numpy as np
 from ..algorithms.schedule import Schedule
 from .network import INTER, INTRA, Network, Topology
 
-INTRA_LINK, INTER_LINK, REDUCTION = 0, 1, 2  # resource row kinds
+INTRA_LINK, INTER_LINK, REDUCTION, RANK_CPU, HOST_CPU, JOB_CPU = range(6)  # resource row kinds
+_SHARED_KIND = {"host": HOST_CPU, "machine": JOB_CPU}  # Cpus.scope -> the processor rows it divides
 TERMS = ("alpha", "beta", "gamma", "op", f"alpha.{INTRA}", f"alpha.{INTER}", f"beta.{INTRA}", f"beta.{INTER}")
 _MIX, _MASK = 0x9E3779B97F4A7C15, (1 << 64) - 1  # a multiplicative hash of resource profiles
 
@@ -49,12 +53,14 @@ class _Resources:
     resources with the same code sequence over all steps are grouped by a running hash."""
 
     def __init__(self, topology: Topology):
-        self.p, self.nlinks = topology.size, topology.nlinks
-        self.hash = np.zeros(self.nlinks + self.p, np.uint64)
+        self.p, self.nlinks, self.hosts, self.nhosts = topology.size, topology.nlinks, topology.hosts, topology.nhosts
+        self.cpu0 = self.nlinks + self.p  # first processor id: ranks, then hosts, then the job
+        self.hash = np.zeros(self.cpu0 + self.p + self.nhosts + 1, np.uint64)
         self.codes: dict[tuple[int, int, int], int] = {}
         self.used: list[tuple[int, np.ndarray, np.ndarray]] = []
 
-    def add(self, s: int, links: np.ndarray, counts: np.ndarray, dst: np.ndarray, red: np.ndarray) -> None:
+    def add(self, s: int, links: np.ndarray, counts: np.ndarray, src: np.ndarray, dst: np.ndarray,
+            red: np.ndarray) -> None:
         load = np.bincount(links, minlength=self.nlinks)
         biggest = np.zeros(self.nlinks, np.int64)
         np.maximum.at(biggest, links, counts)
@@ -68,6 +74,7 @@ class _Resources:
             np.maximum.at(cpu_big, rdst, rcount)
             cids = np.flatnonzero(cpu_load)
             rows.append(np.stack([cids + self.nlinks, np.full(len(cids), REDUCTION), cpu_load[cids], cpu_big[cids]], 1))
+        rows.append(self._processors(src, dst, counts[: len(dst)]))
         table = np.concatenate(rows)
         shapes, inverse = np.unique(table[:, 1:], axis=0, return_inverse=True)
         code_of = np.array([self.codes.setdefault(tuple(int(v) for v in row), len(self.codes)) for row in shapes],
@@ -77,6 +84,21 @@ class _Resources:
         key = np.uint64(((s + 1) * _MIX) & _MASK) ^ codes.astype(np.uint64)
         self.hash[res] = (self.hash[res] ^ key) * np.uint64(_MIX) + np.uint64(1)
         self.used.append((s, res, codes))
+
+    def _processors(self, src: np.ndarray, dst: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Rows (id, kind, endpoints, largest transfer) of every rank, host and the job with endpoints."""
+        ends = np.concatenate([src, dst])
+        big = np.concatenate([counts, counts])
+        out = []
+        for kind, owner, n, base in ((RANK_CPU, ends, self.p, self.cpu0),
+                                     (HOST_CPU, self.hosts[ends], self.nhosts, self.cpu0 + self.p),
+                                     (JOB_CPU, np.zeros(len(ends), np.int64), 1, self.cpu0 + self.p + self.nhosts)):
+            load = np.bincount(owner, minlength=n)
+            largest = np.zeros(n, np.int64)
+            np.maximum.at(largest, owner, big)
+            ids = np.flatnonzero(load)
+            out.append(np.stack([ids + base, np.full(len(ids), kind), load[ids], largest[ids]], 1))
+        return np.concatenate(out)
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(group start indices, rows of (kind, load, count)) grouped by resource profile."""
@@ -99,7 +121,8 @@ class _Resources:
 @dataclass(frozen=True, eq=False)
 class Signature:
     """See the module doc. ``fanout``: the most transfers one rank sends in one step; ``messages``:
-    transfers in the schedule."""
+    transfers in the schedule. ``ends``: per step row, the step's message endpoints at the busier end
+    of the transfer, columns (one rank, one host, the job)."""
 
     name: str
     nranks: int
@@ -112,6 +135,7 @@ class Signature:
     reducers: np.ndarray  # reducing receives of the step at the row's receiver (0: not reducing)
     num: np.ndarray
     den: np.ndarray
+    ends: np.ndarray     # (rows, 3) float: endpoints of the step per rank, host, job
     rstarts: np.ndarray  # resource rows: first row of each group
     rkind: np.ndarray
     rload: np.ndarray
@@ -143,17 +167,19 @@ class Signature:
             flows = np.maximum(load[out], load[inl])
             reducers = np.where(red, np.bincount(dst[red], minlength=topology.size)[dst], 0)
             starts.append(sum(len(t) for t in steps))
-            steps.append(np.unique(np.stack([inter.astype(np.int64), flows, reducers, count], 1), axis=0))
-            resources.add(s, links, np.concatenate([count, count]), dst, red)
+            steps.append(np.unique(np.concatenate([np.stack([inter.astype(np.int64), flows, reducers, count], 1),
+                                                   topology.endpoints(src, dst)], axis=1), axis=0))
+            resources.add(s, links, np.concatenate([count, count]), src, dst, red)
             messages += len(src)
             fanout = max(fanout, int(np.bincount(src).max()))
-        t = np.concatenate(steps) if steps else np.zeros((0, 4), np.int64)
+        t = np.concatenate(steps) if steps else np.zeros((0, 7), np.int64)
         num, den = fractions(t[:, 3], int(reference), limit)
         rstarts, r = resources.rows()
         rnum, rden = fractions(r[:, 2], int(reference), limit)
         return Signature(schedule.name, schedule.nranks, schedule.num_steps, messages, fanout,
                          np.asarray(starts, np.int64), t[:, 0].astype(np.int8), t[:, 1].astype(np.float64),
-                         t[:, 2].astype(np.float64), num, den, rstarts, r[:, 0].astype(np.int8),
+                         t[:, 2].astype(np.float64), num, den, t[:, 4:7].astype(np.float64), rstarts,
+                         r[:, 0].astype(np.int8),
                          r[:, 1].astype(np.float64), rnum, rden)
 
     def _parts(self, n: int, network: Network, itemsize: int, segments: np.ndarray):
@@ -169,13 +195,18 @@ class Signature:
 
         k, part = geometry(self.num, self.den)
         beta = np.where(self.cls == 1, hi.beta, lo.beta) * self.flows
-        step = (k, np.broadcast_to(np.where(self.cls == 1, hi.alpha, lo.alpha), k.shape),
-                part * beta, part * (self.reducers * network.gamma))
+        cpus = network.cpus
+        alpha = np.where(self.cls == 1, hi.alpha, lo.alpha) + network.epsilon * cpus.load(self.ends)
+        step = (k, np.broadcast_to(alpha, k.shape), part * beta, part * (self.reducers * network.gamma))
         rk, rpart = geometry(self.rnum, self.rden)
-        link = self.rkind != REDUCTION
+        link = self.rkind <= INTER_LINK
         ralpha = np.where(self.rkind == INTER_LINK, hi.alpha, np.where(link, lo.alpha, 0.0))
+        share = np.where(self.rkind == RANK_CPU, 1.0,
+                         np.where(self.rkind == _SHARED_KIND.get(cpus.scope, -1), 1.0 / cpus.cores, 0.0))
+        ralpha = ralpha + network.epsilon * share * self.rload
         rbeta = np.where(self.rkind == INTER_LINK, hi.beta, np.where(link, lo.beta, 0.0)) * self.rload
-        res = (rk, np.broadcast_to(ralpha, rk.shape), rpart * rbeta, rpart * ((~link) * network.gamma * self.rload))
+        res = (rk, np.broadcast_to(ralpha, rk.shape), rpart * rbeta,
+               rpart * ((self.rkind == REDUCTION) * network.gamma * self.rload))
         return step, res
 
     def _groups(self, rem: np.ndarray) -> np.ndarray:
@@ -216,8 +247,10 @@ class Signature:
         lo, hi = self.rstarts[gi], (self.rstarts[gi + 1] if gi + 1 < len(self.rstarts) else len(rk))
         rows = slice(lo, hi)
         w = rk[rows] - 1.0
-        for name, cls_step, cls_res in ((INTRA, self.cls[slow] == 0, self.rkind[rows] == INTRA_LINK),
-                                        (INTER, self.cls[slow] == 1, self.rkind[rows] == INTER_LINK)):
+        cpu = self.rkind[rows] >= RANK_CPU  # processors: counted with the class of the schedule's slowest links
+        cpu_inter = bool((self.cls == 1).any())
+        for name, cls_step, cls_res in ((INTRA, self.cls[slow] == 0, (self.rkind[rows] == INTRA_LINK) | (cpu & (not cpu_inter))),
+                                        (INTER, self.cls[slow] == 1, (self.rkind[rows] == INTER_LINK) | (cpu & cpu_inter))):
             terms[f"alpha.{name}"] = float(a[slow][cls_step].sum() + (w * ra[rows])[cls_res].sum())
             terms[f"beta.{name}"] = float(b[slow][cls_step].sum() + (w * rb[rows])[cls_res].sum())
         terms["gamma"] = float(g[slow].sum() + (w * rg[rows]).sum())
@@ -243,6 +276,7 @@ class Stack:
                              cat([s.starts + r for s, r in zip(signatures, rows)]), cat([s.cls for s in signatures]),
                              cat([s.flows for s in signatures]), cat([s.reducers for s in signatures]),
                              cat([s.num for s in signatures]), cat([s.den for s in signatures]),
+                             cat([s.ends for s in signatures]),
                              cat([s.rstarts + r for s, r in zip(signatures, rrows)]),
                              cat([s.rkind for s in signatures]), cat([s.rload for s in signatures]),
                              cat([s.rnum for s in signatures]), cat([s.rden for s in signatures]))
