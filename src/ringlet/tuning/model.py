@@ -31,6 +31,7 @@ SEGMENTS: tuple[int | None, ...] = (None,) + tuple((16 << 20) >> i for i in rang
 # Algorithms in order of preference on a tie (algorithms not named here follow, sorted).
 PREFERENCE = ("ring", "hierarchical", "halving_doubling", "recursive_doubling", "tree", "direct", "torus")
 TIE = 1e-9
+RESOLUTION = 0.02  # predictions closer than this (relative) are a tie, decided by preference
 
 
 def segments_up_to(cap: int | None) -> tuple[int | None, ...]:
@@ -75,18 +76,24 @@ class Model:
     algorithm in which one rank sends more transfers than this in one step is not chosen by ``"auto"``
     (forcing the name still works). None: no limit when the network prices message endpoints
     (``epsilon > 0``: a rank's concurrent messages are charged one after another), else 2 (without that
-    price the timing model charges them nothing and flatters such schedules). ``cache``: decisions kept
-    (least recently used dropped).
+    price the timing model charges them nothing and flatters such schedules). ``resolution``: predicted
+    times within this relative difference of the fastest count as equal, and the earlier algorithm in
+    :data:`PREFERENCE` is chosen (each at its best segment size): the model is not more accurate than a
+    few percent, so a smaller predicted gain is no reason to leave the ring.
+    ``cache``: decisions kept (least recently used dropped).
     Thread-safe. ``ValueError`` for bad arguments."""
 
     def __init__(self, network: Network, *, segments: Sequence[int | None] = SEGMENTS, max_fanout: int | None = None,
-                 cache: int = 4096):
+                 resolution: float = RESOLUTION, cache: int = 4096):
         if not isinstance(network, Network):
             raise ValueError(f"a Model needs a Network, got {type(network).__name__}")
         if not segments or any(s is not None and (not isinstance(s, int) or s < 1) for s in segments):
             raise ValueError(f"segments must be positive byte counts or None, got {segments!r}")
         if (max_fanout is not None and max_fanout < 1) or cache < 1:
             raise ValueError(f"need max_fanout >= 1 and cache >= 1, got {max_fanout} and {cache}")
+        if not 0 <= resolution < 1:
+            raise ValueError(f"resolution must be in [0, 1), got {resolution}")
+        self.resolution = max(float(resolution), TIE)
         self._network = network
         self.segments = tuple(segments)
         self._seg = np.array([math.inf if s is None else float(s) for s in self.segments])
@@ -158,7 +165,7 @@ class Model:
         times = self._times(algs, nbytes, host_of, itemsize, network)
         best = [_first_min(row) for row in times]
         ranked = [Ranked(float(times[i, k]), self._choice(a, k, nbytes)) for i, (a, k) in enumerate(zip(algs, best))]
-        order = sorted(range(len(ranked)), key=lambda i: (_bucket(ranked[i].seconds, ranked), i))
+        order = sorted(range(len(ranked)), key=lambda i: (_bucket(ranked[i].seconds, ranked, self.resolution), i))
         return [ranked[i] for i in order]
 
     def best(self, nbytes: int, host_of: Sequence[int], itemsize: int = 4, algorithm: str = AUTO,
@@ -171,9 +178,9 @@ class Model:
             return Ranked(float(times[k]), self._choice(algorithm, k, nbytes))
         algs = self.algorithms(host_of)
         times = self._times(algs, nbytes, host_of, itemsize, network)
-        flat = _first_min(times.ravel())
-        i, k = divmod(flat, len(self.segments))
-        return Ranked(float(times[i, k]), self._choice(algs[i], k, nbytes))
+        ks = [_first_min(row) for row in times]  # each algorithm at its best segment size
+        i = _first_min(np.array([times[j, k] for j, k in enumerate(ks)]), self.resolution)
+        return Ranked(float(times[i, ks[i]]), self._choice(algs[i], ks[i], nbytes))
 
     def choose(self, nbytes: int, host_of: Sequence[int], itemsize: int = 4, algorithm: str = AUTO) -> Choice:
         """:meth:`best`'s choice under the model's constants, from a decision cache (microseconds)."""
@@ -221,14 +228,14 @@ class Model:
         return tuple(algs[i] for i in order if {algs[i]} != autos)[:count]
 
 
-def _first_min(values: np.ndarray) -> int:
-    """Index of the first value within a relative ``TIE`` of the minimum."""
-    return int(np.flatnonzero(values <= values.min() * (1 + TIE))[0])
+def _first_min(values: np.ndarray, tie: float = TIE) -> int:
+    """Index of the first value within a relative ``tie`` of the minimum."""
+    return int(np.flatnonzero(values <= values.min() * (1 + tie))[0])
 
 
-def _bucket(seconds: float, ranked: list[Ranked]) -> float:
-    """Seconds, with values within a relative ``TIE`` of a smaller one counted as equal to it."""
+def _bucket(seconds: float, ranked: list[Ranked], tie: float = TIE) -> float:
+    """Seconds, with values within a relative ``tie`` of a smaller one counted as equal to it."""
     for r in sorted(ranked, key=lambda r: r.seconds):
-        if seconds <= r.seconds * (1 + TIE):
+        if seconds <= r.seconds * (1 + tie):
             return r.seconds
     return seconds
