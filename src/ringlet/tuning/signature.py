@@ -247,10 +247,12 @@ class Signature:
         lo, hi = self.rstarts[gi], (self.rstarts[gi + 1] if gi + 1 < len(self.rstarts) else len(rk))
         rows = slice(lo, hi)
         w = rk[rows] - 1.0
-        cpu = self.rkind[rows] >= RANK_CPU  # processors: counted with the class of the schedule's slowest links
+        # Processors count with the links between hosts where the schedule crosses hosts, else within them.
+        cpu = self.rkind[rows] >= RANK_CPU
         cpu_inter = bool((self.cls == 1).any())
-        for name, cls_step, cls_res in ((INTRA, self.cls[slow] == 0, (self.rkind[rows] == INTRA_LINK) | (cpu & (not cpu_inter))),
-                                        (INTER, self.cls[slow] == 1, (self.rkind[rows] == INTER_LINK) | (cpu & cpu_inter))):
+        res_intra = (self.rkind[rows] == INTRA_LINK) | (cpu & (not cpu_inter))
+        res_inter = (self.rkind[rows] == INTER_LINK) | (cpu & cpu_inter)
+        for name, cls_step, cls_res in ((INTRA, self.cls[slow] == 0, res_intra), (INTER, self.cls[slow] == 1, res_inter)):
             terms[f"alpha.{name}"] = float(a[slow][cls_step].sum() + (w * ra[rows])[cls_res].sum())
             terms[f"beta.{name}"] = float(b[slow][cls_step].sum() + (w * rb[rows])[cls_res].sum())
         terms["gamma"] = float(g[slow].sum() + (w * rg[rows]).sum())
