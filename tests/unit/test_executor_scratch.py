@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringlet.algorithms.executor import _scratch
+from ringlet.algorithms.scratch import scratch as _scratch
 
 DTYPES = [torch.float64, torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64]

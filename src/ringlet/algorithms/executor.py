@@ -5,7 +5,9 @@ Pipelining: every transfer is cut into segments. Receives of step ``s+1`` are po
 is being applied (each as soon as the scratch it lands in is free), and a send segment of step ``s+1``
 goes out as soon as the received segments of step ``s`` it depends on are reduced, so the reduction of
 one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
-tree for free).
+tree for free). A step's segments from several peers are applied in turn, one from each, as they arrive
+together over this rank's link: the next step's first sends wait for the first segment of each, not for
+all of the first peer's.
 
 Sends leave in step order where that helps: when this rank sends in step ``s`` data that its receiver
 sends on in step ``s+1`` (reduced or relayed), a send of step ``s+1`` to a peer that it did not send to
@@ -18,6 +20,7 @@ nobody sends on (an all-to-all) waits for no one.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,6 +30,7 @@ import torch
 from .cache import SizeBoundedCache, memoise
 from .range_index import RangeIndex
 from .schedule import Schedule, StepArrays, Transfer
+from .scratch import scratch as _scratch
 
 POST_RECV, POST_SEND, APPLY = 0, 1, 2
 
@@ -166,17 +170,19 @@ class _Streams:
 
 
 class _Receives:
-    """Receives of one step, posted in schedule order (FIFO matching) as the scratch frees: one whose
+    """Receives of one step, posted in apply order (each peer's in schedule order: FIFO matching) as the
+    scratch frees: one whose
     scratch range ends at ``e`` waits until the previous step's receives below ``e`` are applied, so
     consecutive steps share one scratch region (with two regions, ``post(None)`` posts them all at
     once). Direct receives need no scratch."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
-        self.queue: list[tuple[int, list[_Run]]] = []  # each segment, with its run's older sends (direct ones)
+        older = {}  # each segment's run's older sends (checked for direct ones)
         for run in pb.recv_runs[step]:
-            older = pb.send_runs_over(run, step - 1)
-            self.queue += [(rid, older) for rid in range(run.first, run.first + run.nseg)]
+            sends = pb.send_runs_over(run, step - 1)
+            older.update((rid, sends) for rid in range(run.first, run.first + run.nseg))
+        self.queue = [(rid, older[rid]) for rid in pb.apply_order[step]]  # scratch order
         self.cursor = 0
 
     def post(self, freed: int | None) -> None:
@@ -218,6 +224,8 @@ class _PlanBuilder:
         self.actions: list[tuple] = []
         self.outstanding: set[int] = set()  # posted sends not yet waited for
         self.scratch_need = 0  # elements of the largest step's non-direct receives
+        self.apply_order: list[list[int]] = []  # per step: received segment ids in apply order (interleave)
+        self.apply_pos = np.zeros(0, dtype=np.int64)  # per message id: its place in its step's apply order
         self.two_regions = False  # set by segment_messages: see there
 
     def build(self) -> Plan:
@@ -304,17 +312,24 @@ class _PlanBuilder:
                 for o in range(off, off + cnt, segment):
                     msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), True, False, False, 0))
                 self.send_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
-            used = 0
             for i, (peer, b, off, cnt, red) in enumerate(self.recvs[s]):
                 direct = self.can_direct(s, i)
                 first = len(msgs)
                 for o in range(off, off + cnt, segment):
-                    n = min(segment, off + cnt - o)
-                    msgs.append(Msg(peer, s, b, o, n, False, red, direct, 0 if direct else used))
-                    if not direct:
-                        used += n
+                    msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), False, red, direct, 0))
                 self.recv_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
+            order = self.interleave(self.recv_runs[s])
+            self.apply_order.append(order)
+            used = 0
+            for rid in order:
+                m = msgs[rid]
+                if not m.direct:
+                    msgs[rid] = dataclasses.replace(m, scratch=used)
+                    used += m.count
             self.scratch_need = max(self.scratch_need, used)
+        self.apply_pos = np.zeros(len(msgs), dtype=np.int64)
+        for order in self.apply_order:
+            self.apply_pos[order] = np.arange(len(order))
         # Every step lays its receives out from the scratch's start, in apply order. When a step's
         # receives fit in one segment, odd steps use a second region, so that all of step s+1's
         # receives are posted before step s is applied (one segment per step could not otherwise
@@ -327,6 +342,19 @@ class _PlanBuilder:
             self.msgs = [m if m.is_send or m.direct or m.step % 2 == 0 else
                          Msg(m.peer, m.step, m.buf, m.offset, m.count, False, m.reduce, False, m.scratch + half)
                          for m in msgs]
+
+    def interleave(self, runs: list[_Run]) -> list[int]:
+        """Ids of one step's received segments in the order they are applied: a segment from each
+        sending peer in turn (transfers from several peers arrive together, sharing this rank's link,
+        so the first segments of all of them complete what the next step's first sends need), each
+        peer's own segments in schedule order (the order they are posted and matched in)."""
+        per_peer: dict[int, list[int]] = {}
+        for run in runs:
+            per_peer.setdefault(self.msgs[run.first].peer, []).extend(range(run.first, run.first + run.nseg))
+        queues = list(per_peer.values())
+        if len(queues) == 1:
+            return queues[0]
+        return [q[j] for j in range(max(map(len, queues), default=0)) for q in queues if j < len(q)]
 
     def send_runs_over(self, run: _Run, last: int) -> list[_Run]:
         """Send runs of steps ``0..last-1`` overlapping ``run``'s range, in step and schedule order."""
@@ -349,13 +377,13 @@ class _PlanBuilder:
 
     def last_input(self, s: int, m: Msg) -> int:
         """Id of the last received segment of step ``s`` overlapping message ``m`` (-1: none)."""
-        runs, end = self.recv_runs[s], m.offset + m.count
+        runs, end, pos_of = self.recv_runs[s], m.offset + m.count, self.apply_pos
         if len(runs) <= 16:
             last = -1
             for run in runs:
                 r = run.seg_range(m.buf, m.offset, end, self.segment)
-                if r:
-                    last = max(last, r[-1])
+                if r and (last < 0 or pos_of[r[-1]] > pos_of[last]):
+                    last = r[-1]
             return last
         index = self.recv_index
         pos = np.asarray(index.overlapping(m.buf, m.offset, m.count, s, s + 1), dtype=np.int64)
@@ -364,7 +392,8 @@ class _PlanBuilder:
         if self._recv_first is None:  # first segment of every receive run, by flat position
             self._recv_first = np.array([run.first for runs in self.recv_runs for run in runs], dtype=np.int64)
         ends = np.minimum(end, index.hi[pos])
-        return int((self._recv_first[pos] + (ends - 1 - index.lo[pos]) // self.segment).max())
+        ids = self._recv_first[pos] + (ends - 1 - index.lo[pos]) // self.segment
+        return int(ids[np.argmax(pos_of[ids])])
 
     def unlocks(self, s: int, nxt: _Streams) -> dict[int, list[int]]:
         """Sends of step s+1 keyed by the received segment of step s that completes their input;
@@ -379,7 +408,7 @@ class _PlanBuilder:
         return out
 
     def run_step(self, s: int) -> None:
-        """Apply step s's received segments in order, posting step s+1's receives as the scratch they
+        """Apply step s's received segments in apply order (:meth:`interleave`), posting step s+1's receives as the scratch they
         land in frees and releasing the sends of step s+1 that each segment completes, then post the
         rest of step s+1's receives and sends."""
         nxt = _Streams(self, s + 1) if s + 1 < self.nsteps else None
@@ -388,36 +417,21 @@ class _PlanBuilder:
         if nxt is not None:
             recvs.post(None if self.two_regions else 0)
             unlocks = self.unlocks(s, nxt)
+        writers = {}  # per receive run (by its first id): sends of steps <= s+1 over its range
         for run in self.recv_runs[s]:
-            writers_hazard = self.send_runs_over(run, s + 1)
-            for rid in range(run.first, run.first + run.nseg):
-                r = self.msgs[rid]
-                hazards = self._hazards(r, writers_hazard) if writers_hazard and not r.direct else ()
-                self.actions.append((APPLY, rid, hazards))
-                if recvs is not None and not r.direct:
-                    recvs.post(r.scratch + r.count)
-                for mid in unlocks.get(rid, ()):
-                    nxt.mark(mid)
+            hazard = self.send_runs_over(run, s + 1)
+            writers.update((rid, hazard) for rid in range(run.first, run.first + run.nseg))
+        for rid in self.apply_order[s]:
+            r, writers_hazard = self.msgs[rid], writers[rid]
+            hazards = self._hazards(r, writers_hazard) if writers_hazard and not r.direct else ()
+            self.actions.append((APPLY, rid, hazards))
+            if recvs is not None and not r.direct:
+                recvs.post(r.scratch + r.count)
+            for mid in unlocks.get(rid, ()):
+                nxt.mark(mid)
         if nxt is not None:
             recvs.post(None)
             nxt.flush()
-
-
-def _scratch(workspace: dict | None, elems: int, like: torch.Tensor) -> torch.Tensor:
-    """``elems`` elements of ``like``'s dtype: a view of the workspace's one byte buffer per device (kept
-    at the largest size asked for, whatever the dtype), or a fresh tensor without a workspace. A kept
-    buffer is written in full when it is made, so its memory is committed then, not page by page by the
-    receives of later collectives (whose page faults would land inside them)."""
-    if workspace is None:
-        return torch.empty(elems, dtype=like.dtype, device=like.device)
-    key = ("executor.scratch", like.device)
-    nbytes = elems * like.element_size()
-    buf = workspace.get(key)
-    if buf is None or buf.numel() < nbytes:
-        workspace.pop(key, None)  # the old buffer goes before the new one is committed
-        buf = torch.zeros(nbytes, dtype=torch.uint8, device=like.device)
-        workspace[key] = buf
-    return buf[:nbytes].view(like.dtype)
 
 
 def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
