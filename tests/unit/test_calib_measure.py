@@ -12,7 +12,7 @@ from ringlet.tuning.calibrate import PLANS, CalibrationPlan, calibrate, plan_nam
 from ringlet.tuning.network import INTER, INTRA, Topology, host_layout
 from ringlet.tuning.probe import chain, sharing, shift_pattern
 
-TINY = CalibrationPlan("tiny", (4, 4096, 65536), (1, 2), 1, (4096, 65536), 5.0)
+TINY = CalibrationPlan("tiny", (4, 4096, 65536), (1, 2), 1, (4096, 65536), 5.0, large_bytes=65536)
 
 LAYOUTS = {  # host_of of every rank
     "1x1": (0,),
@@ -87,6 +87,8 @@ def test_plans():
     (dict(reps=0), "reps"),
     (dict(budget_s=0.0), "budget_s"),
     (dict(gamma_sizes=(4096,)), "gamma sizes"),
+    (dict(large_bytes=-4), "large_bytes"),
+    (dict(large_bytes=6), "large_bytes"),
 ])
 def test_bad_plans_are_refused(kw, match):
     args = dict(name="bad", sizes=(4, 64, 4096), chains=(1, 2), reps=1, gamma_sizes=(64, 4096), budget_s=1.0) | kw
@@ -126,8 +128,14 @@ def test_calibration_gives_every_rank_the_same_profile(name):
         assert all(v["measured"] > 0 and v["predicted"] >= 0 and v["endpoints"] > 0 for v in calls.values())
         # One process holds every rank here: one kernel, so the job's ranks share its processors.
         assert net.cpus.scope == ("machine" if len(set(host_of)) > 1 else "host") == fit["cpus"]["scope"]
+        # The per-byte price came from whole all-reduces of the plan's large size with both algorithms.
+        large = dict(first.info["large_calls"])
+        assert large.pop("fit") == {"bytes": TINY.large_bytes, "kappa": net.kappa} and net.kappa >= 0
+        assert sorted(large) == ["halving_doubling", "ring"]
+        assert all(v["measured"] > 0 and v["predicted"] > 0 and v["segment_bytes"] > 0 for v in large.values())
     else:
-        assert net.op == 0 and first.info["per_call"] == {}
+        assert net.op == 0 and first.info["per_call"] == {} and first.info["large_calls"] == {}
+        assert net.kappa == 0
 
 
 def test_calibration_refuses_a_layout_of_the_wrong_size():

@@ -102,7 +102,7 @@ def test_the_constants_table_round_trips_the_endpoint_price():
     old = MACHINE.to_dict()
     del old["epsilon"], old["cpus"]
     assert Network.from_dict(old) == Network(LINKS, G)  # profiles from before the endpoint price
-    assert "per message endpoint 30.00 us, shared by machine (2 cores)" in MACHINE.table()
+    assert "per message endpoint 30.00 us + 0.0000 ns/B, shared by machine (2 cores)" in MACHINE.table()
     with pytest.raises(ValueError, match="finite and >= 0"):
         Network(LINKS, G, epsilon=-1.0)
     with pytest.raises(ValueError, match="scope"):

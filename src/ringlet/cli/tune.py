@@ -67,6 +67,13 @@ def _tune_in_job(out: str, plan: str) -> int:
                      f"{info['check_overhead'] * 1e6:.1f} us)") if "check" in fit else ""
             eps = f", epsilon {fit['epsilon'] * 1e6:.1f} us" if "epsilon" in fit else ""
             print(f"per-call fit: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}{eps}{check} (in the table)")
+        large = dict(info.get("large_calls", {}))
+        kfit = large.pop("fit", None)
+        for algorithm, v in large.items():
+            print(f"large call, {algorithm}: measured {v['measured'] * 1e3:.2f} ms, without kappa predicted "
+                  f"{v['predicted'] * 1e3:.2f} ms")
+        if kfit:
+            print(f"per-byte fit at {kfit['bytes'] >> 10} KiB: kappa {kfit['kappa'] * 1e9:.4f} ns/B (in the table)")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

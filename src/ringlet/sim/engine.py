@@ -9,9 +9,9 @@ One step, for all its transfers at once (numpy arrays, no Python object per tran
 * a transfer of ``b`` bytes over link class ``c`` is cut into ``k = ceil(b/S)`` segments (``S`` the
   segment size; ``None``: one segment). ``m`` = the number of the step's transfers on the busier of
   its two links (``np.bincount``); ``r`` = the number of reducing receives of the step at its receiver.
-  One segment takes ``τ = α_c + ε·e + (b/k)·(β_c·m + γ·r)`` (``γ`` only for reducing receives; ``e``
-  the step's message endpoints at the busier end as the network's ``cpus`` count them, ``ε`` its
-  ``epsilon``);
+  One segment takes ``τ = α_c + ε·e + (b/k)·(max(β_c·m, κ·e) + γ·r)`` (``γ`` only for reducing
+  receives; ``e`` the step's message endpoints at the busier end as the network's ``cpus`` count them,
+  ``ε`` and ``κ`` its ``epsilon`` and ``kappa``);
 * it starts at ``t0 = max(first[src], busy[out link], busy[in link])``: when the sender has its first
   segment and both links have finished the earlier steps' transfers;
 * its first segment is in at ``t0 + τ``, its last at ``max(last[src] + τ, t0 + k·τ)`` (segments
@@ -73,7 +73,7 @@ class _State:
         self.alpha = np.array([network[INTRA].alpha, network[INTER].alpha])
         self.beta = np.array([network[INTRA].beta, network[INTER].beta])
         self.gamma = network.gamma
-        self.epsilon, self.cpus = network.epsilon, network.cpus
+        self.epsilon, self.kappa, self.cpus = network.epsilon, network.kappa, network.cpus
         self.itemsize = itemsize
         self.segment = segment_bytes
 
@@ -88,10 +88,13 @@ class _State:
         load = np.bincount(out_link, minlength=topo.nlinks) + np.bincount(in_link, minlength=topo.nlinks)
         cls = inter.astype(np.intp)
         alpha = self.alpha[cls]
-        if self.epsilon:  # the message endpoints of the step at the busier end (as the cost model charges)
-            alpha = alpha + self.epsilon * self.cpus.load(topo.endpoints(src, dst))
         wire = nbytes * self.beta[cls]
-        per_segment = alpha + wire / k * np.maximum(load[out_link], load[in_link])
+        per_byte = self.beta[cls] * np.maximum(load[out_link], load[in_link])
+        if self.epsilon or self.kappa:  # the step's message endpoints at the busier end (as the cost model)
+            ends = self.cpus.load(topo.endpoints(src, dst))
+            alpha = alpha + self.epsilon * ends
+            per_byte = np.maximum(per_byte, self.kappa * ends)
+        per_segment = alpha + nbytes / k * per_byte
         if self.gamma and st.reduce.any():
             red = st.reduce.astype(bool)
             reducers = np.bincount(dst[red], minlength=topo.size)

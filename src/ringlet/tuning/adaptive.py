@@ -221,13 +221,13 @@ class Adaptive:
         lo, hi = self.policy.bounds
         self.factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
         c, f = self.calibrated, self.factors
-        # The endpoint price is part of the α terms of the transfers that pay it: it moves with the α
-        # factor of the job's slower class (between hosts, when there are several).
-        f_eps = f[1] if len(set(self.host_of)) > 1 else f[0]
+        # The endpoint prices are part of the α and β terms of the transfers that pay them: they move with
+        # the α and β factors of the job's slower class (between hosts, when there are several).
+        slower = 1 if len(set(self.host_of)) > 1 else 0
         self.fitted = dataclasses.replace(
             c, links={INTRA: LinkCost(c[INTRA].alpha * f[0], c[INTRA].beta * f[2]),
                       INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, gamma=c.gamma * f[4],
-            epsilon=c.epsilon * f_eps)
+            epsilon=c.epsilon * f[slower], kappa=c.kappa * f[2 + slower])
 
     def _due(self, kind: str, better: bool, step: int) -> bool:
         """Hysteresis: ``better`` at enough consecutive agreements, and far enough from the last switch."""

@@ -46,6 +46,12 @@ Protocol (docs/tuning.md gives the reasons):
    handle it. The same calls timed checked (each agreeing on its metadata first) give the network's
    ``check``: the mean of checked minus unchecked, which is more than back-to-back agreements cost
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
+7. **Per byte.** Whole unchecked all-reduces of ``plan.large_bytes`` per rank with the ring and with
+   halving-doubling — the same bytes over every link, but on several ranks per host not the same
+   bytes through each host's processors — are timed (slowest rank, median of three) and
+   :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors' time per byte at a message
+   endpoint: 0 where the links explain both, more where the processors are what binds (many ranks on
+   few cores). ``info["large_calls"]`` keeps the timings, the predictions without ``kappa`` and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -66,7 +72,7 @@ import numpy as np
 import torch
 
 from .cost import predict_allreduce
-from .fit import LinkFit, Sample, fit_gamma, fit_link, fit_per_call
+from .fit import LinkFit, Sample, fit_gamma, fit_kappa, fit_link, fit_per_call
 from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topology
 from .probe import Prober, chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
@@ -83,7 +89,8 @@ class CalibrationPlan:
     """What :func:`calibrate` measures. ``sizes``: bytes per transfer (ascending; ≥ 4); ``chains``: two
     distinct step counts; ``reps``: timings per (size, chain length); ``gamma_sizes``: bytes added per
     reduction timing; ``budget_s``: seconds the link measurements may take (sizes beyond it are
-    dropped, never the first three)."""
+    dropped, never the first three); ``large_bytes``: bytes per rank of the whole all-reduces that
+    price the processors' work per byte (step 7; 0: not measured, ``kappa`` stays 0)."""
 
     name: str
     sizes: tuple[int, ...]
@@ -91,6 +98,7 @@ class CalibrationPlan:
     reps: int
     gamma_sizes: tuple[int, ...]
     budget_s: float
+    large_bytes: int = 0
 
     def __post_init__(self) -> None:
         if len(self.sizes) < _ALWAYS or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 4:
@@ -101,13 +109,15 @@ class CalibrationPlan:
             raise ValueError(f"plan {self.name!r}: need reps >= 1 and budget_s > 0")
         if len({s for s in self.gamma_sizes if s >= 4}) < 2:
             raise ValueError(f"plan {self.name!r}: need two distinct gamma sizes >= 4 B, got {self.gamma_sizes}")
+        if self.large_bytes < 0 or self.large_bytes % 4:
+            raise ValueError(f"plan {self.name!r}: large_bytes must be a multiple of 4 and >= 0, got {self.large_bytes}")
 
 
 PLANS: dict[str, CalibrationPlan] = {
     "full": CalibrationPlan("full", (4, KiB, 16 * KiB, 128 * KiB, MiB, 4 * MiB, 16 * MiB), (1, 4), 5,
-                            (64 * KiB, MiB, 4 * MiB, 16 * MiB), 24.0),
+                            (64 * KiB, MiB, 4 * MiB, 16 * MiB), 24.0, 16 * MiB),
     "quick": CalibrationPlan("quick", (4, 16 * KiB, 256 * KiB, MiB, 4 * MiB), (1, 3), 3,
-                             (256 * KiB, 4 * MiB), 6.0),
+                             (256 * KiB, 4 * MiB), 6.0, 4 * MiB),
 }
 
 
@@ -281,6 +291,39 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     return dataclasses.replace(network, links=links, op=op, check=check, epsilon=epsilon), seen
 
 
+# The large calls of step 7: the same bytes over the links, different bytes through the processors.
+_LARGE_CALLS = ("ring", "halving_doubling")
+
+
+def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
+                   host_of: tuple[int, ...]) -> tuple[Network, dict]:
+    """Step 7 of the protocol: ``network`` with ``kappa`` fitted to whole unchecked all-reduces of
+    ``plan.large_bytes`` per rank, and per call the agreed measured seconds and the prediction
+    without it."""
+    p = len(host_of)
+    if p < 2 or plan.large_bytes < 4:
+        return network, {}
+    flat, topology = torch.ones(plan.large_bytes // 4, dtype=torch.float32), Topology(host_of)
+    seen, measured, segments = {}, [], {a: prober.segment(a, flat) for a in _LARGE_CALLS}
+
+    def predict(kappa: float) -> list[float]:
+        net = dataclasses.replace(network, kappa=kappa)
+        return [predict_allreduce(a, plan.large_bytes, topology, net, segment_bytes=segments[a]).seconds
+                for a in _LARGE_CALLS]
+
+    for algorithm, without in zip(_LARGE_CALLS, predict(0.0)):
+        prober.time_allreduce(algorithm, flat, 1)  # builds, compiles, touches the buffers
+        t = float(np.median(prober.gather([prober.time_allreduce(algorithm, flat, 1)
+                                           for _ in range(_SUSTAIN_REPS)]).max(axis=0)))
+        seen[algorithm] = {"measured": t, "predicted": without, "segment_bytes": segments[algorithm]}
+        measured.append(t)
+
+    scale = max(network[c].beta for c in LINK_CLASSES) or 1e-9
+    kappa = fit_kappa(measured, predict, scale)
+    seen["fit"] = {"bytes": plan.large_bytes, "kappa": kappa}
+    return dataclasses.replace(network, kappa=kappa), seen
+
+
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     t0 = time.perf_counter()
     prober = Prober(rt)
@@ -298,12 +341,13 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     check = [prober.time_check(8) for _ in range(plan.reps)]
     check_s = float(np.median(prober.gather(check).max(axis=0)))
     network, per_call = _measure_op(prober, plan, _network(fits, gamma, check_s), host_of)
+    network, large = _measure_kappa(prober, plan, network, host_of)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
             "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
             "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},
             "op_overhead": max((f.overhead for f in fits.values()), default=0.0), "check_overhead": check_s,
             "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points}, "per_call": per_call,
-            "hostnames": list(rt.hostnames)}
+            "large_calls": large, "hostnames": list(rt.hostnames)}
     return Profile(Fingerprint.of(host_of, rt.transport.name), network, info)
 
 

@@ -15,13 +15,15 @@ whose bandwidth part is small, ``beta`` on those where it is most of the time. R
 linear in between (a rate limiter's burst lets the first few hundred kB through at line rate; a CPU
 quota stretches small messages), and one line through all sizes misses both ends; measured on the
 emulated cluster, ``beta`` came out 24 % low (benchmarks/results/cost_model_s11).
-:func:`fit_gamma` finds the per-byte reduction cost from timed in-place additions.
+:func:`fit_gamma` finds the per-byte reduction cost from timed in-place additions, :func:`fit_per_call`
+the per-call and per-endpoint constants from whole collectives of one element, :func:`fit_kappa` the
+per-byte processor cost from whole collectives of a large size.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -192,3 +194,41 @@ def fit_per_call(calls: Sequence[tuple[float, float, float, float]]) -> tuple[fl
         if full.get(1, 1.0) > 0 or full.get(2, 0.0) > 0:
             return float(full[0]), float(full.get(1, 1.0)), float(full.get(2, 0.0))
     return max(0.0, float(np.mean(m - a))), 1.0, 0.0
+
+
+_GOLD = (math.sqrt(5.0) - 1.0) / 2.0  # golden-section step
+
+
+def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[float]], scale: float) -> float:
+    """``kappa`` (s per byte at a message endpoint) from whole collectives of a large size: the value
+    ``>= 0`` whose predictions ``predict(kappa)`` (one per call, in the order of ``measured``) have the
+    least summed squared relative error against ``measured``. ``scale`` is the size of a plausible value
+    (the slowest link class's β): candidates run from 0 through ``4·scale`` on a geometric grid, then
+    the best is refined between its neighbours. Calls that send the same bytes over the links but make
+    the processors handle different amounts (a ring against halving-doubling on several ranks per host)
+    tell a processor bound from a slow link; where the links explain them, the answer is 0.
+    ``ValueError`` for no calls, a timing that is not finite and > 0, or ``scale <= 0``."""
+    m = np.asarray(measured, dtype=float)
+    if m.size == 0 or not (np.isfinite(m).all() and (m > 0).all()):
+        raise ValueError(f"the large calls' timings must be finite and > 0, got {m.tolist()}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
+
+    def loss(kappa: float) -> float:
+        return float((((np.asarray(predict(kappa), dtype=float) - m) / m) ** 2).sum())
+
+    grid = np.concatenate([[0.0], scale * np.geomspace(1e-3, 4.0, 97)])
+    losses = [loss(k) for k in grid]
+    i = int(np.argmin(losses))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    for _ in range(40):  # golden-section search between the best grid point's neighbours
+        a, b = hi - _GOLD * (hi - lo), lo + _GOLD * (hi - lo)
+        if loss(a) <= loss(b):
+            hi = b
+        else:
+            lo = a
+    best = (lo + hi) / 2
+    if loss(best) > losses[i]:
+        best = grid[i]
+    # Below the value at which the processors bind, kappa changes no prediction: say 0, not noise.
+    return 0.0 if losses[0] <= loss(best) * (1 + 1e-9) else float(best)

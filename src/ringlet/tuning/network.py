@@ -25,7 +25,11 @@ which ranks also share processors for it (:class:`Cpus`): none (``rank``), the r
 pays ``epsilon`` times the *load* of the busier of its two ends: the most endpoints one rank has in
 the step, or the endpoints of its sharing scope divided by ``cpus.cores``, whichever is larger. This
 is what makes a rank that sends to many peers at once (``direct``) pay for each message, and, on an
-emulated cluster, a step in which every rank works dearer than one in which two do.
+emulated cluster, a step in which every rank works dearer than one in which two do. ``kappa`` is the
+processor time per byte at a message endpoint (copies and protocol work), counted with the same load:
+a transfer of ``b`` bytes moves at the slower of its links' share (``b·beta·flows``) and its busier
+end's processors (``b·kappa·load``). Where processors are plentiful the links bind and ``kappa`` changes
+nothing; where many ranks share few cores (hosts emulated on one machine) it is what binds.
 """
 from __future__ import annotations
 
@@ -85,7 +89,8 @@ class Cpus:
 class Network:
     """The constants table: axes are link class (``intra``, ``inter``) × (``alpha``, ``beta``), and
     ``gamma`` (s/B), ``op`` (s per collective call), ``check`` (s per metadata agreement), ``epsilon``
-    (s per message endpoint) with ``cpus`` (who shares the processors handling them)."""
+    (s per message endpoint) and ``kappa`` (s per byte at a message endpoint) with ``cpus`` (who shares
+    the processors handling them)."""
 
     links: Mapping[str, LinkCost]
     gamma: float = 0.0
@@ -93,12 +98,13 @@ class Network:
     check: float = 0.0
     epsilon: float = 0.0
     cpus: Cpus = Cpus()
+    kappa: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [c for c in LINK_CLASSES if c not in self.links]
         if missing:
             raise ValueError(f"network lacks link classes {missing}")
-        for name in ("gamma", "op", "check", "epsilon"):
+        for name in ("gamma", "op", "check", "epsilon", "kappa"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -119,7 +125,7 @@ class Network:
 
     def to_dict(self) -> dict:
         return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma, "op": self.op,
-                "check": self.check, "epsilon": self.epsilon, "cpus": asdict(self.cpus)}
+                "check": self.check, "epsilon": self.epsilon, "cpus": asdict(self.cpus), "kappa": self.kappa}
 
     @staticmethod
     def from_dict(d: Mapping) -> "Network":
@@ -128,7 +134,8 @@ class Network:
             cpus = d.get("cpus") or {}
             return Network(links, float(d.get("gamma", 0.0)), float(d.get("op", 0.0)), float(d.get("check", 0.0)),
                            float(d.get("epsilon", 0.0)),
-                           Cpus(str(cpus.get("scope", "rank")), float(cpus.get("cores", 1.0))))
+                           Cpus(str(cpus.get("scope", "rank")), float(cpus.get("cores", 1.0))),
+                           float(d.get("kappa", 0.0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a network table: {d!r}") from exc
 
@@ -140,8 +147,8 @@ class Network:
             rows.append(f"{c:<6} {lc.alpha * 1e6:11.2f} {lc.beta * 1e9:12.4f} {lc.gbit:8.2f}")
         rows.append(f"gamma  {self.gamma * 1e9:.4f} ns/B ({'inf' if not self.gamma else f'{1e-9 / self.gamma:.2f}'} GB/s)")
         rows.append(f"per call {self.op * 1e6:.2f} us, metadata check {self.check * 1e6:.2f} us")
-        rows.append(f"per message endpoint {self.epsilon * 1e6:.2f} us, shared by {self.cpus.scope}"
-                    + ("" if self.cpus.scope == "rank" else f" ({self.cpus.cores:g} cores)"))
+        rows.append(f"per message endpoint {self.epsilon * 1e6:.2f} us + {self.kappa * 1e9:.4f} ns/B, shared by "
+                    f"{self.cpus.scope}" + ("" if self.cpus.scope == "rank" else f" ({self.cpus.cores:g} cores)"))
         return "\n".join(rows)
 
 

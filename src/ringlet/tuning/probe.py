@@ -22,6 +22,7 @@ from ..engine import ops
 from ..engine.agree import agree, exchange
 from ..engine.meta import Kind, Meta
 from ..types import ReduceOp, reduction
+from . import select
 from .network import INTER, INTRA, Topology
 
 Pattern = tuple[tuple[int, int], ...]  # (src, dst) pairs: every pair transfers at the same time
@@ -119,6 +120,17 @@ class Prober:
                 agree(ch, Meta.of("", Kind.ALLREDUCE, flat, op=ReduceOp.SUM, algorithm=algorithm))
             ops.allreduce_(ch, flat, red, algorithm)
         return (time.perf_counter() - t0) / repeat
+
+    def segment(self, algorithm: str, flat: torch.Tensor) -> int:
+        """The segment size (bytes) the executor runs a forced ``algorithm`` on ``flat`` with, chosen as
+        :func:`ringlet.engine.ops.allreduce_` chooses it (the installed model's choice, else the
+        channel's) and capped by the transport's ``max_segment_bytes``."""
+        ch = self.rt.channel(self.group)
+        choice = select.allreduce_choice(algorithm, ch.size, flat.numel() * flat.element_size(), ch.group.host_of,
+                                         select.Capabilities.of(ch.transport), select.installed(),
+                                         flat.element_size())
+        seg, cap = choice.segment_bytes or ch.segment_bytes, getattr(ch.transport, "max_segment_bytes", None)
+        return min(seg, cap) if cap else seg
 
     def time_check(self, repeat: int) -> float:
         """Seconds per metadata agreement (what every checked collective does before its data moves:

@@ -194,9 +194,10 @@ class Signature:
             return k, b / k
 
         k, part = geometry(self.num, self.den)
-        beta = np.where(self.cls == 1, hi.beta, lo.beta) * self.flows
         cpus = network.cpus
-        alpha = np.where(self.cls == 1, hi.alpha, lo.alpha) + network.epsilon * cpus.load(self.ends)
+        load = cpus.load(self.ends)
+        beta = np.maximum(np.where(self.cls == 1, hi.beta, lo.beta) * self.flows, network.kappa * load)
+        alpha = np.where(self.cls == 1, hi.alpha, lo.alpha) + network.epsilon * load
         step = (k, np.broadcast_to(alpha, k.shape), part * beta, part * (self.reducers * network.gamma))
         rk, rpart = geometry(self.rnum, self.rden)
         link = self.rkind <= INTER_LINK
@@ -204,7 +205,7 @@ class Signature:
         share = np.where(self.rkind == RANK_CPU, 1.0,
                          np.where(self.rkind == _SHARED_KIND.get(cpus.scope, -1), 1.0 / cpus.cores, 0.0))
         ralpha = ralpha + network.epsilon * share * self.rload
-        rbeta = np.where(self.rkind == INTER_LINK, hi.beta, np.where(link, lo.beta, 0.0)) * self.rload
+        rbeta = np.where(self.rkind == INTER_LINK, hi.beta, np.where(link, lo.beta, network.kappa * share)) * self.rload
         res = (rk, np.broadcast_to(ralpha, rk.shape), rpart * rbeta,
                rpart * ((self.rkind == REDUCTION) * network.gamma * self.rload))
         return step, res
@@ -252,9 +253,14 @@ class Signature:
         cpu_inter = bool((self.cls == 1).any())
         res_intra = (self.rkind[rows] == INTRA_LINK) | (cpu & (not cpu_inter))
         res_inter = (self.rkind[rows] == INTER_LINK) | (cpu & cpu_inter)
-        for name, cls_step, cls_res in ((INTRA, self.cls[slow] == 0, res_intra), (INTER, self.cls[slow] == 1, res_inter)):
-            terms[f"alpha.{name}"] = float(a[slow][cls_step].sum() + (w * ra[rows])[cls_res].sum())
-            terms[f"beta.{name}"] = float(b[slow][cls_step].sum() + (w * rb[rows])[cls_res].sum())
+        # A step row whose bytes are bound by its processors (kappa) counts its β part with them too.
+        lo_b, hi_b = network[INTRA].beta, network[INTER].beta
+        by_cpu = network.kappa * network.cpus.load(self.ends[slow]) > np.where(
+            self.cls[slow] == 1, hi_b, lo_b) * self.flows[slow]
+        beta_cls = np.where(by_cpu, int(cpu_inter), self.cls[slow])
+        for name, c, cls_res in ((INTRA, 0, res_intra), (INTER, 1, res_inter)):
+            terms[f"alpha.{name}"] = float(a[slow][self.cls[slow] == c].sum() + (w * ra[rows])[cls_res].sum())
+            terms[f"beta.{name}"] = float(b[slow][beta_cls == c].sum() + (w * rb[rows])[cls_res].sum())
         terms["gamma"] = float(g[slow].sum() + (w * rg[rows]).sum())
         terms["alpha"] = terms[f"alpha.{INTRA}"] + terms[f"alpha.{INTER}"]
         terms["beta"] = terms[f"beta.{INTRA}"] + terms[f"beta.{INTER}"]
