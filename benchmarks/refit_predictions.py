@@ -1,6 +1,6 @@
 """Re-predict a measured ``ringlet bench --predict`` sweep with a profile refitted offline: the per-call
-timings a profile already holds (``info["per_call"]``: whole all-reduces of one element per rank) go
-through today's :func:`ringlet.tuning.fit.fit_per_call`, and every predicted row is predicted again with
+timings a profile already holds (``info["per_call"]``: whole all-reduces of one element per rank; and
+``info["large_calls"]``) go through today's :func:`ringlet.tuning.fit.fit_per_call` and ``fit_kappa``, and every predicted row is predicted again with
 the refitted network (same segment as before, checked as the sweep was). The measurements are untouched;
 ``auto``'s choices in them were made with the old profile. ``--cpus SCOPE:CORES`` sets who shares the
 processors (``machine:2``) for a profile written before it was measured.
@@ -20,13 +20,14 @@ import sys
 
 from ringlet.tuning.calibrate import per_call_parts
 from ringlet.tuning.cost import predict_allreduce
-from ringlet.tuning.fit import fit_per_call
+from ringlet.tuning.fit import fit_kappa, fit_per_call
 from ringlet.tuning.network import LINK_CLASSES, Cpus, LinkCost, Topology
 from ringlet.tuning.profile import Profile
 
 
 def refit(profile: Profile, cpus: Cpus | None = None) -> Profile:
-    """The profile with ``op``, the α scale and ``epsilon`` fitted from its own per-call timings."""
+    """The profile with ``op``, the α scale, ``epsilon`` and ``kappa`` fitted from its own per-call and
+    large-call timings."""
     host_of = profile.fingerprint.host_of()
     topology, p = Topology(host_of), len(host_of)
     base = dataclasses.replace(profile.network, op=0.0, epsilon=0.0, cpus=cpus or profile.network.cpus)
@@ -34,9 +35,27 @@ def refit(profile: Profile, cpus: Cpus | None = None) -> Profile:
              for algorithm, seen in profile.info["per_call"].items() if algorithm != "fit"]
     op, scale, epsilon = fit_per_call(calls)
     links = {c: LinkCost(base[c].alpha * scale, base[c].beta) for c in LINK_CLASSES}
-    info = dict(profile.info, refit={"op": op, "alpha_scale": scale, "epsilon": epsilon,
+    network = dataclasses.replace(base, links=links, op=op, epsilon=epsilon, kappa=0.0)
+    kappa = refit_kappa(profile, network, topology)
+    info = dict(profile.info, refit={"op": op, "alpha_scale": scale, "epsilon": epsilon, "kappa": kappa,
                                      "from": "benchmarks/refit_predictions.py"})
-    return Profile(profile.fingerprint, dataclasses.replace(base, links=links, op=op, epsilon=epsilon), info)
+    return Profile(profile.fingerprint, dataclasses.replace(network, kappa=kappa), info)
+
+
+def refit_kappa(profile: Profile, network, topology: Topology) -> float:
+    """``kappa`` fitted again from the large calls the profile holds (0 for a profile without them)."""
+    large = {a: v for a, v in profile.info.get("large_calls", {}).items() if a != "fit"}
+    if not large:
+        return 0.0
+    nbytes = profile.info["large_calls"]["fit"]["bytes"]
+
+    def predict(kappa: float) -> list[float]:
+        net = dataclasses.replace(network, kappa=kappa)
+        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=v["segment_bytes"]).seconds
+                for a, v in large.items()]
+
+    return fit_kappa([v["measured"] for v in large.values()], predict,
+                     max(network[c].beta for c in LINK_CLASSES) or 1e-9)
 
 
 def repredict(profile: Profile, path: str, out: str) -> int:
@@ -76,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     prof.save(os.path.join(args.out_dir, os.path.basename(args.profile)))
     fit = prof.info["refit"]
     print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}, "
-          f"epsilon {fit['epsilon'] * 1e6:.1f} us")
+          f"epsilon {fit['epsilon'] * 1e6:.1f} us, kappa {fit['kappa'] * 1e9:.4f} ns/B")
     for path in args.benches:
         n = repredict(prof, path, os.path.join(args.out_dir, os.path.basename(path)))
         print(f"  {path}: {n} rows re-predicted")

@@ -197,6 +197,7 @@ def fit_per_call(calls: Sequence[tuple[float, float, float, float]]) -> tuple[fl
 
 
 _GOLD = (math.sqrt(5.0) - 1.0) / 2.0  # golden-section step
+_KAPPA_EVIDENCE = 0.5  # kappa is kept when it leaves under this share of a common factor's squared error
 
 
 def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[float]], scale: float) -> float:
@@ -206,7 +207,11 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     (the slowest link class's β): candidates run from 0 through ``4·scale`` on a geometric grid, then
     the best is refined between its neighbours. Calls that send the same bytes over the links but make
     the processors handle different amounts (a ring against halving-doubling on several ranks per host)
-    tell a processor bound from a slow link; where the links explain them, the answer is 0.
+    tell a processor bound from a slow link; where the links explain them, the answer is 0. So is it
+    where one common factor on the predictions without ``kappa`` fits nearly as well (under half the
+    squared error left is required of ``kappa``): the calls are then alike in how they load processors
+    and links (one rank per host), and what they say is only that both run slower than the chains'
+    constants, which is no evidence about processors.
     ``ValueError`` for no calls, a timing that is not finite and > 0, or ``scale <= 0``."""
     m = np.asarray(measured, dtype=float)
     if m.size == 0 or not (np.isfinite(m).all() and (m > 0).all()):
@@ -231,4 +236,10 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     if loss(best) > losses[i]:
         best = grid[i]
     # Below the value at which the processors bind, kappa changes no prediction: say 0, not noise.
-    return 0.0 if losses[0] <= loss(best) * (1 + 1e-9) else float(best)
+    if losses[0] <= loss(best) * (1 + 1e-9):
+        return 0.0
+    # kappa must explain how the calls differ, not only how slow all of them are: one common factor on
+    # the predictions without it (links slower at length than the chains said) must fit clearly worse.
+    r = np.asarray(predict(0.0), dtype=float) / m
+    common = float((((r.sum() / (r * r).sum()) * r - 1.0) ** 2).sum())
+    return float(best) if loss(best) < _KAPPA_EVIDENCE * common else 0.0
