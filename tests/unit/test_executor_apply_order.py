@@ -54,3 +54,14 @@ def test_the_tree_forwards_its_first_segment_after_one_from_each_child():
                 break
         else:
             pytest.fail(f"rank {rank} reduces from {children} but sends nothing in step 1")
+
+
+def test_without_the_rule_peers_are_applied_one_after_another():
+    # The A/B arm of benchmarks/step_order.py --rule interleave: each peer's segments in schedule order,
+    # peer after peer, and the plan is cached apart from the default one.
+    sched = algorithms.ALLREDUCE["tree"](4, N, (0, 1, 2, 3))
+    plan = compile_plan(sched, 1, SEG, True, False)
+    got = [m.peer for m in _applies(plan, 0)]
+    first = got[0]
+    assert len(set(got)) == 2 and got == [first] * got.count(first) + [p for p in got if p != first]
+    assert compile_plan(sched, 1, SEG) is not plan

@@ -37,6 +37,9 @@ POST_RECV, POST_SEND, APPLY = 0, 1, 2
 #: Sends leave in step order (see the module doc). False only for an A/B measurement
 #: (``benchmarks/step_order.py``); both kinds of plan are cached apart.
 HOLD_NEW_PEERS = True
+#: A step's segments from several peers are applied in turn (see the module doc). False only for an A/B
+#: measurement (``benchmarks/step_order.py --rule interleave``).
+INTERLEAVE_PEERS = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ def _plan_weight(plan: "Plan", args: tuple) -> int:
 
 
 @memoise(PLANS, _plan_weight)
-def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True) -> Plan:
+def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
     The plan's messages are the transfers cut into segments; its actions post every receive up to one
@@ -103,9 +106,10 @@ def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True)
     the received segments it depends on are applied (with ``hold``, sends to a new peer busy with the
     older step wait for it: see the module doc), and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
-    receives, twice that when they fit in one segment.
+    receives, twice that when they fit in one segment. ``interleave``: a step's segments from several
+    peers are applied in turn (see the module doc; False only for A/B runs).
     """
-    return _PlanBuilder(schedule, rank, max(1, segment), hold).build()
+    return _PlanBuilder(schedule, rank, max(1, segment), hold, interleave).build()
 
 
 def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
@@ -171,10 +175,9 @@ class _Streams:
 
 class _Receives:
     """Receives of one step, posted in apply order (each peer's in schedule order: FIFO matching) as the
-    scratch frees: one whose
-    scratch range ends at ``e`` waits until the previous step's receives below ``e`` are applied, so
-    consecutive steps share one scratch region (with two regions, ``post(None)`` posts them all at
-    once). Direct receives need no scratch."""
+    scratch frees: one whose scratch range ends at ``e`` waits until the previous step's receives below
+    ``e`` are applied, so consecutive steps share one scratch region (with two regions, ``post(None)``
+    posts them all at once). Direct receives need no scratch."""
 
     def __init__(self, pb: "_PlanBuilder", step: int):
         self.pb = pb
@@ -201,8 +204,8 @@ class _PlanBuilder:
     """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
     (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
 
-    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True):
-        self.rank, self.segment, self.hold = rank, segment, hold
+    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True):
+        self.rank, self.segment, self.hold, self.interleave_peers = rank, segment, hold, interleave
         self.nsteps = nsteps = schedule.num_steps
         # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
         self.out_t: list[list[Transfer]] = []
@@ -352,8 +355,8 @@ class _PlanBuilder:
         for run in runs:
             per_peer.setdefault(self.msgs[run.first].peer, []).extend(range(run.first, run.first + run.nseg))
         queues = list(per_peer.values())
-        if len(queues) == 1:
-            return queues[0]
+        if len(queues) == 1 or not self.interleave_peers:
+            return [i for q in queues for i in q]
         return [q[j] for j in range(max(map(len, queues), default=0)) for q in queues if j < len(q)]
 
     def send_runs_over(self, run: _Run, last: int) -> list[_Run]:
@@ -408,16 +411,16 @@ class _PlanBuilder:
         return out
 
     def run_step(self, s: int) -> None:
-        """Apply step s's received segments in apply order (:meth:`interleave`), posting step s+1's receives as the scratch they
-        land in frees and releasing the sends of step s+1 that each segment completes, then post the
-        rest of step s+1's receives and sends."""
+        """Apply step s's received segments in apply order (:meth:`interleave`), posting step s+1's
+        receives as the scratch they land in frees and releasing the sends of step s+1 that each segment
+        completes, then post the rest of step s+1's receives and sends."""
         nxt = _Streams(self, s + 1) if s + 1 < self.nsteps else None
         recvs = _Receives(self, s + 1) if nxt is not None else None
         unlocks: dict[int, list[int]] = {}
         if nxt is not None:
             recvs.post(None if self.two_regions else 0)
             unlocks = self.unlocks(s, nxt)
-        writers = {}  # per receive run (by its first id): sends of steps <= s+1 over its range
+        writers = {}  # per received segment: the sends of steps <= s+1 over its run's range
         for run in self.recv_runs[s]:
             hazard = self.send_runs_over(run, s + 1)
             writers.update((rid, hazard) for rid in range(run.first, run.first + run.nseg))
@@ -452,7 +455,8 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     segment_bytes, cap = channel.segment_bytes, getattr(channel.transport, "max_segment_bytes", None)
     if cap:
         segment_bytes = min(segment_bytes, cap)
-    plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS)
+    plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS,
+                        INTERLEAVE_PEERS)
     msgs = plan.msgs
     scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)
