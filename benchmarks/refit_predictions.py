@@ -1,7 +1,8 @@
 """Re-predict a measured ``ringlet bench --predict`` sweep with a profile refitted offline: the per-call
 timings a profile already holds (``info["per_call"]``: whole all-reduces of one element per rank; and
-``info["large_calls"]``) go through today's :func:`ringlet.tuning.fit.fit_per_call` and ``fit_kappa``, and every predicted row is predicted again with
-the refitted network (same segment as before, checked as the sweep was). The measurements are untouched;
+``info["large_calls"]``) go through today's :func:`ringlet.tuning.fit.fit_per_call` and ``fit_kappa``,
+and every predicted row is predicted again with the refitted network (same segment as before, checked
+as the sweep was). The measurements are untouched;
 ``auto``'s choices in them were made with the old profile. ``--cpus SCOPE:CORES`` sets who shares the
 processors (``machine:2``) for a profile written before it was measured.
 

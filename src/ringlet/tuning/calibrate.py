@@ -51,7 +51,9 @@ Protocol (docs/tuning.md gives the reasons):
    bytes through each host's processors — are timed (slowest rank, median of three) and
    :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors' time per byte at a message
    endpoint: 0 where the links explain both, more where the processors are what binds (many ranks on
-   few cores). ``info["large_calls"]`` keeps the timings, the predictions without ``kappa`` and the fit.
+   few cores), and 0 where one common factor explains the two calls as well (one rank per host: they
+   load processors and links alike). ``info["large_calls"]`` keeps the timings, the predictions without
+   ``kappa`` and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -110,7 +112,8 @@ class CalibrationPlan:
         if len({s for s in self.gamma_sizes if s >= 4}) < 2:
             raise ValueError(f"plan {self.name!r}: need two distinct gamma sizes >= 4 B, got {self.gamma_sizes}")
         if self.large_bytes < 0 or self.large_bytes % 4:
-            raise ValueError(f"plan {self.name!r}: large_bytes must be a multiple of 4 and >= 0, got {self.large_bytes}")
+            raise ValueError(f"plan {self.name!r}: large_bytes must be a multiple of 4 and >= 0, "
+                             f"got {self.large_bytes}")
 
 
 PLANS: dict[str, CalibrationPlan] = {
