@@ -47,8 +47,8 @@ Protocol (docs/tuning.md gives the reasons):
    ``check``: the mean of checked minus unchecked, which is more than back-to-back agreements cost
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 7. **Per byte.** Whole unchecked all-reduces of ``plan.large_bytes`` per rank with the ring and with
-   halving-doubling — the same bytes over every link, but on several ranks per host not the same
-   bytes through each host's processors — are timed (slowest rank, median of three) and
+   halving-doubling — each rank sends and receives the same bytes in both, but on several ranks per
+   host halving-doubling puts fewer of them on the uplinks — are timed (slowest rank, median of three) and
    :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors' time per byte at a message
    endpoint: 0 where the links explain both, more where the processors are what binds (many ranks on
    few cores), and 0 where one common factor explains the two calls as well (one rank per host: they
@@ -294,7 +294,8 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     return dataclasses.replace(network, links=links, op=op, check=check, epsilon=epsilon), seen
 
 
-# The large calls of step 7: the same bytes over the links, different bytes through the processors.
+# The large calls of step 7: the same bytes through the processors, not (several ranks per host) the same
+# bytes over the uplinks.
 _LARGE_CALLS = ("ring", "halving_doubling")
 
 

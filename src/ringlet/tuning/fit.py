@@ -205,8 +205,8 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     ``>= 0`` whose predictions ``predict(kappa)`` (one per call, in the order of ``measured``) have the
     least summed squared relative error against ``measured``. ``scale`` is the size of a plausible value
     (the slowest link class's β): candidates run from 0 through ``4·scale`` on a geometric grid, then
-    the best is refined between its neighbours. Calls that send the same bytes over the links but make
-    the processors handle different amounts (a ring against halving-doubling on several ranks per host)
+    the best is refined between its neighbours. Calls that make the processors handle the same bytes
+    but put different amounts on the links (a ring against halving-doubling on several ranks per host)
     tell a processor bound from a slow link; where the links explain them, the answer is 0. So is it
     where one common factor on the predictions without ``kappa`` fits nearly as well (under half the
     squared error left is required of ``kappa``): the calls are then alike in how they load processors
