@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from ringlet.tuning.calibrate import per_call_parts
+from ringlet.tuning.calibrate import large_call_predictor, per_call_parts
 from ringlet.tuning.cost import predict_allreduce
 from ringlet.tuning.fit import fit_kappa, fit_per_call
 from ringlet.tuning.network import LINK_CLASSES, Cpus, LinkCost, Topology
@@ -48,13 +48,8 @@ def refit_kappa(profile: Profile, network, topology: Topology) -> float:
     large = {a: v for a, v in profile.info.get("large_calls", {}).items() if a != "fit"}
     if not large:
         return 0.0
-    nbytes = profile.info["large_calls"]["fit"]["bytes"]
-
-    def predict(kappa: float) -> list[float]:
-        net = dataclasses.replace(network, kappa=kappa)
-        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=v["segment_bytes"]).seconds
-                for a, v in large.items()]
-
+    predict = large_call_predictor(network, topology, profile.info["large_calls"]["fit"]["bytes"],
+                                   {a: v["segment_bytes"] for a, v in large.items()})
     return fit_kappa([v["measured"] for v in large.values()], predict,
                      max(network[c].beta for c in LINK_CLASSES) or 1e-9)
 

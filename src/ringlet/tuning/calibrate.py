@@ -294,6 +294,17 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     return dataclasses.replace(network, links=links, op=op, check=check, epsilon=epsilon), seen
 
 
+def large_call_predictor(network: Network, topology: Topology, nbytes: int, segments: dict[str, int]):
+    """``predict(kappa)``: the step-7 calls' predicted seconds under ``network`` with that ``kappa`` (each
+    algorithm of ``segments`` at its segment size, unchecked), as :func:`~ringlet.tuning.fit.fit_kappa`
+    takes it."""
+    def predict(kappa: float) -> list[float]:
+        net = dataclasses.replace(network, kappa=kappa)
+        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=seg).seconds for a, seg in segments.items()]
+
+    return predict
+
+
 # The large calls of step 7: the same bytes through the processors, not (several ranks per host) the same
 # bytes over the uplinks.
 _LARGE_CALLS = ("ring", "halving_doubling")
@@ -309,11 +320,7 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
         return network, {}
     flat, topology = torch.ones(plan.large_bytes // 4, dtype=torch.float32), Topology(host_of)
     seen, measured, segments = {}, [], {a: prober.segment(a, flat) for a in _LARGE_CALLS}
-
-    def predict(kappa: float) -> list[float]:
-        net = dataclasses.replace(network, kappa=kappa)
-        return [predict_allreduce(a, plan.large_bytes, topology, net, segment_bytes=segments[a]).seconds
-                for a in _LARGE_CALLS]
+    predict = large_call_predictor(network, topology, plan.large_bytes, segments)
 
     for algorithm, without in zip(_LARGE_CALLS, predict(0.0)):
         prober.time_allreduce(algorithm, flat, 1)  # builds, compiles, touches the buffers
