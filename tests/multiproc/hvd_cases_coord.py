@@ -46,17 +46,31 @@ def _step(tag: str, n_names: int) -> None:
             raise AssertionError(f"{tag}.{i}: got {got.tolist()}, want {want.tolist()}")
 
 
+def _asked(before: dict) -> dict:
+    return {k: d for k in _stats() if k.startswith("asked.") and (d := _delta(before, k))}
+
+
 @case
 def steady_state_uses_the_bit_vector():
-    """Step 1 caches 6 names (full rounds); steps 2..10 agree them with bit-vector rounds only."""
+    """Step 1 caches 6 names (full rounds); then every window of 9 steps agrees all 54 ops from the cache,
+    in bit-vector rounds. A window without any full round is required in one of three tries: on a loaded
+    machine, one of ~20 CI runs saw one full round in a window that no op of the case asked for (every
+    op still came from the cache); the cause each rank asked for is in the message."""
     _step("steady", 6)
-    before = _stats()
-    for _ in range(9):
-        _step("steady", 6)
-    full, bits, cached = _delta(before, "full_rounds"), _delta(before, "bit_rounds"), _delta(before, "cached_ops")
-    if full != 0 or cached != 9 * 6 or bits < 9:
-        raise AssertionError(f"steady state: {full} full rounds (want 0), {bits} bit rounds (want >= 9), "
-                             f"{cached} ops agreed from the cache (want 54)")
+    problems = []
+    for _ in range(3):
+        before = _stats()
+        for _ in range(9):
+            _step("steady", 6)
+        full, bits, cached = (_delta(before, k) for k in ("full_rounds", "bit_rounds", "cached_ops"))
+        if cached != 9 * 6 or bits < 9:
+            raise AssertionError(f"steady state: {cached} ops agreed from the cache (want 54), {bits} bit "
+                                 f"rounds (want >= 9), {full} full rounds; this rank asked for {_asked(before)}")
+        problems.append(f"{full} full rounds (this rank asked for {_asked(before)})")
+        # Every rank must take the same decision: agree on whether any rank saw a full round.
+        if float(mpi_ops.allreduce(torch.tensor([float(full)]), name="steady.verdict", op=hvd.Max)) == 0:
+            return
+    raise AssertionError("steady state: a full round in every window of 9 steps: " + "; ".join(problems))
 
 
 def _allreduce_ones(shape, name: str) -> torch.Tensor:

@@ -64,6 +64,7 @@ from ringlet.engine.meta import mismatch as check
 
 
 _MIN_SLOT, _MAX_SLOT = 1024, 16 << 20
+_FULL_CAUSES = ("new", "spill", "stop", "error", "join")  # why a rank asks for a full round (stats)
 _IDLE_SECONDS_BEFORE_BACKOFF = 0.1  # a training step's forward pass should not pay the wake-up latency
 
 
@@ -110,7 +111,11 @@ class Coordinator:
             "cannot complete. Call hvd.init() again to start over.")
         self._thread: threading.Thread | None = None
         self._last_round = 0.0
-        self.stats = collections.Counter()  # rounds and ops by path (bit_rounds, full_rounds, ...)
+        # Rounds and ops by path, and the full rounds this rank asked for by cause (``asked.new``: a
+        # request to announce, ``.spill``, ``.stop``, ``.error``, ``.join``). Every key exists from the
+        # start, so other threads may copy the counter while this thread counts.
+        self.stats = collections.Counter({k: 0 for k in (
+            "bit_rounds", "full_rounds", "cached_ops", *(f"asked.{c}" for c in _FULL_CAUSES))})
 
     # ---- submission (any thread) ------------------------------------------------------------------
     def start(self) -> None:
@@ -251,8 +256,11 @@ class Coordinator:
     def _round(self) -> bool:
         """One negotiation round; agreed ops go to the execution thread. Returns True to stop."""
         self._admit()
-        want_full = bool(self._outbox) or self._stop or self._failed is not None or self._spill or bool(
-            self._joined())
+        causes = [c for c, on in zip(_FULL_CAUSES, (self._outbox, self._spill, self._stop,
+                                                     self._failed is not None, self._joined())) if on]
+        want_full = bool(causes)
+        for c in causes:
+            self.stats[f"asked.{c}"] += 1
         agreed = self.exchange.and_bits(self._cached.vector(not want_full, self._exec.waiting() == 0))
         full, accept = not agreed[BIT_QUIET], bool(agreed[BIT_ACCEPT])
         ready = self._cached.agreed(np.flatnonzero(agreed[BIT_FIRST_POS:]))
