@@ -7,7 +7,10 @@ goes out as soon as the received segments of step ``s`` it depends on are reduce
 one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
 tree for free). A step's segments from several peers are applied in turn, one from each, as they arrive
 together over this rank's link: the next step's first sends wait for the first segment of each, not for
-all of the first peer's.
+all of the first peer's. A rank that receives nothing in step ``s+1`` posts the receives of its next
+receiving step while step ``s`` is applied, when they land in place and cannot arrive too soon
+(:func:`inplace.early_step`): a tree's interior rank is ready for the broadcast coming down while it
+still reduces what goes up. :mod:`ringlet.algorithms.plan_check` verifies the plans.
 
 Sends leave in step order where that helps: when this rank sends in step ``s`` data that its receiver
 sends on in step ``s+1`` (reduced or relayed), a send of step ``s+1`` to a peer that it did not send to
@@ -27,6 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import inplace
 from .cache import SizeBoundedCache, memoise
 from .range_index import RangeIndex
 from .schedule import Schedule, StepArrays, Transfer
@@ -40,6 +44,10 @@ HOLD_NEW_PEERS = True
 #: A step's segments from several peers are applied in turn (see the module doc). False only for an A/B
 #: measurement (``benchmarks/step_order.py --rule interleave``).
 INTERLEAVE_PEERS = True
+#: A rank that receives nothing in the next step posts the receives of the step after that while this
+#: one is applied, when they land in place and cannot arrive too soon (:func:`inplace.early_step`).
+#: False only for an A/B measurement (``benchmarks/step_order.py --rule ahead``).
+POST_AHEAD = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +69,6 @@ class Plan:
     actions: tuple[tuple, ...]
     tail_waits: tuple[int, ...]
     scratch_elems: int
-
-
-def _overlap(a_buf: int, a_off: int, a_cnt: int, b_buf: int, b_off: int, b_cnt: int) -> bool:
-    return a_buf == b_buf and a_off < b_off + b_cnt and b_off < a_off + a_cnt
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +102,8 @@ def _plan_weight(plan: "Plan", args: tuple) -> int:
 
 
 @memoise(PLANS, _plan_weight)
-def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True) -> Plan:
+def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True,
+                 ahead: bool = True) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
     The plan's messages are the transfers cut into segments; its actions post every receive up to one
@@ -107,9 +112,11 @@ def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True,
     older step wait for it: see the module doc), and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
     receives, twice that when they fit in one segment. ``interleave``: a step's segments from several
-    peers are applied in turn (see the module doc; False only for A/B runs).
+    peers are applied in turn (see the module doc; False only for A/B runs). ``ahead``: receives of a
+    later step go out during step ``s`` when this rank receives nothing in step ``s+1``
+    (:func:`inplace.early_step`; False only for A/B runs).
     """
-    return _PlanBuilder(schedule, rank, max(1, segment), hold, interleave).build()
+    return _PlanBuilder(schedule, rank, max(1, segment), hold, interleave, ahead).build()
 
 
 def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
@@ -185,7 +192,8 @@ class _Receives:
         for run in pb.recv_runs[step]:
             sends = pb.send_runs_over(run, step - 1)
             older.update((rid, sends) for rid in range(run.first, run.first + run.nseg))
-        self.queue = [(rid, older[rid]) for rid in pb.apply_order[step]]  # scratch order
+        early = step in pb.posted_ahead  # posted while an earlier step was applied (run_step)
+        self.queue = [] if early else [(rid, older[rid]) for rid in pb.apply_order[step]]  # scratch order
         self.cursor = 0
 
     def post(self, freed: int | None) -> None:
@@ -204,8 +212,11 @@ class _PlanBuilder:
     """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
     (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
 
-    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True):
+    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True,
+                 ahead: bool = True):
         self.rank, self.segment, self.hold, self.interleave_peers = rank, segment, hold, interleave
+        self.ahead = ahead
+        self.posted_ahead: set[int] = set()  # steps whose receives went out during an earlier step
         self.nsteps = nsteps = schedule.num_steps
         # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
         self.out_t: list[list[Transfer]] = []
@@ -241,25 +252,6 @@ class _PlanBuilder:
         scratch = self.scratch_need * (2 if self.two_regions else 1)
         return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), scratch)
 
-    def answers(self, s: int, peer: int, sd: tuple) -> bool:
-        """True when ``peer``'s step-``s`` message to ``rank`` can only start after ``peer`` has fully
-        received ``rank``'s step ``s-1`` send ``sd``: ``peer`` forwards the very range ``sd`` landed in.
-
-        In this executor a send of step ``s`` is posted only once every received segment of step
-        ``s-1`` overlapping it has been applied, so the reply is causally after the last byte of
-        ``sd`` left this rank's buffer, whatever the transport (this is what lets the all-gather
-        half of an all-reduce receive in place: the reduced chunk comes back from the rank it was
-        sent to)."""
-        back = self.by_peer(s, False).get(peer, [])
-        mine = [t for t in self.by_peer(s - 1, True).get(peer, [])
-                if (t.src_buf, t.offset, t.count) == (sd[1], sd[2], sd[3])]
-        if not back or not mine or any(t.recv_offset != t.offset for t in back + mine):
-            return False
-        t_in = mine[0]
-        return all(t.src_buf == t_in.dst_buf and t_in.offset <= t.offset
-                   and t.offset + t.count <= t_in.offset + t_in.count for t in back
-                   if _overlap(t.dst_buf, t.offset, t.count, sd[1], sd[2], sd[3]))
-
     def receivers(self, s: int) -> set[int]:
         """The ranks that receive in step ``s``."""
         return set(np.unique(self.schedule.step_arrays(s).dst).tolist())
@@ -287,25 +279,6 @@ class _PlanBuilder:
             self._by_peer[key] = out
         return self._by_peer[key]
 
-    def can_direct(self, s: int, i: int) -> bool:
-        """A copy-receive may land directly in the buffer (no scratch, no copy) when nothing else
-        touches that range while it is in flight. It is posted one step ahead and waited for in its
-        own step, so in flight with it are: receives of steps s-1..s+1, and sends of steps s-1 and s.
-        A send of step s-1 to the same peer is harmless when that peer's reply depends on it
-        (``answers``). Older sends of the range are waited for before the receive is posted."""
-        peer, b, off, cnt, red = self.recvs[s][i]
-        if red:
-            return False
-        me = self.recv_index.position(s, i)
-        if any(pos != me for pos in self.recv_index.overlapping(b, off, cnt, s - 1, s + 2)):
-            return False
-        for pos in self.send_index.overlapping(b, off, cnt, s - 1, s + 1):
-            s2, j = self.send_index.where[pos]
-            sd = self.sends[s2][j]
-            if not (s2 == s - 1 and sd[0] == peer and self.answers(s, peer, sd)):
-                return False
-        return True
-
     def segment_messages(self) -> None:
         """Cut every transfer into segments (``msgs``) and lay out the scratch of non-direct receives."""
         msgs, segment = self.msgs, self.segment
@@ -316,7 +289,7 @@ class _PlanBuilder:
                     msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), True, False, False, 0))
                 self.send_runs[s].append(_Run(b, off, cnt, first, len(msgs) - first, s))
             for i, (peer, b, off, cnt, red) in enumerate(self.recvs[s]):
-                direct = self.can_direct(s, i)
+                direct = inplace.can_direct(self, s, i)
                 first = len(msgs)
                 for o in range(off, off + cnt, segment):
                     msgs.append(Msg(peer, s, b, o, min(segment, off + cnt - o), False, red, direct, 0))
@@ -420,6 +393,10 @@ class _PlanBuilder:
         if nxt is not None:
             recvs.post(None if self.two_regions else 0)
             unlocks = self.unlocks(s, nxt)
+            t = inplace.early_step(self, s) if self.ahead else None
+            if t is not None:
+                _Receives(self, t).post(None)  # every one lands in place: no scratch to wait for
+                self.posted_ahead.add(t)
         writers = {}  # per received segment: the sends of steps <= s+1 over its run's range
         for run in self.recv_runs[s]:
             hazard = self.send_runs_over(run, s + 1)
@@ -456,7 +433,7 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     if cap:
         segment_bytes = min(segment_bytes, cap)
     plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS,
-                        INTERLEAVE_PEERS)
+                        INTERLEAVE_PEERS, POST_AHEAD)
     msgs = plan.msgs
     scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)
