@@ -23,7 +23,10 @@ import torch
 
 import ringlet
 from ringlet.benchmarking import parse_size
+from ringlet.algorithms import executor
 from ringlet.collectives import runtime
+
+RULES = {"hold": "HOLD_NEW_PEERS", "interleave": "INTERLEAVE_PEERS"}
 
 
 class _Timed:
@@ -71,7 +74,11 @@ def main() -> None:
     ap.add_argument("size", type=parse_size)
     ap.add_argument("--segment", type=parse_size, default=None, help="executor segment size (bytes)")
     ap.add_argument("--out", default="/tmp/ringlet_message_trace")
+    ap.add_argument("--off", choices=sorted(RULES), action="append", default=[],
+                    help="turn one of the executor's rules off (repeatable; as step_order.py's off arm)")
     args = ap.parse_args()
+    for rule in args.off:
+        setattr(executor, RULES[rule], False)
     options = ringlet.Options.from_env()
     if args.segment:
         options = dataclasses.replace(options, segment_bytes=args.segment)

@@ -7,9 +7,7 @@
 ``--rule hold`` (the default): sends in step order, or released as soon as their data is ready. With the
 rule on (``on``) a send of the next step to a new peer waits for the step before; off, it goes out as
 soon as its data is reduced, sharing the link with the older step's sends. ``--rule interleave``: a
-step's segments from several peers applied in turn (``on``), or peer after peer (``off``). ``--rule
-ahead``: a rank idle in the next step posts the receives of the step after it early (``on``), or once
-its current step is applied (``off``).
+step's segments from several peers applied in turn (``on``), or peer after peer (``off``).
 
 For every algorithm and size, each round times one all-reduce with the rule on and one with it off, in
 an order that alternates every round. A call's time is the slowest rank's (the start is aligned with a
@@ -33,7 +31,7 @@ from ringlet.benchmarking import parse_size
 ALGORITHMS = "ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus"
 
 
-RULES = {"hold": "HOLD_NEW_PEERS", "interleave": "INTERLEAVE_PEERS", "ahead": "POST_AHEAD"}  # --rule -> the executor's flag
+RULES = {"hold": "HOLD_NEW_PEERS", "interleave": "INTERLEAVE_PEERS"}  # --rule -> the executor's flag
 
 
 def timed(x: torch.Tensor, algorithm: str, rule: str, on: bool) -> float:

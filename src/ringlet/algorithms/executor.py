@@ -7,10 +7,7 @@ goes out as soon as the received segments of step ``s`` it depends on are reduce
 one segment overlaps the transfer of the next (the ring's classic chunk pipelining, and a pipelined
 tree for free). A step's segments from several peers are applied in turn, one from each, as they arrive
 together over this rank's link: the next step's first sends wait for the first segment of each, not for
-all of the first peer's. A rank that receives nothing in step ``s+1`` posts the receives of its next
-receiving step while step ``s`` is applied, when they land in place and cannot arrive too soon
-(:func:`inplace.early_step`): a tree's interior rank is ready for the broadcast coming down while it
-still reduces what goes up. :mod:`ringlet.algorithms.plan_check` verifies the plans.
+all of the first peer's. :mod:`ringlet.algorithms.plan_check` verifies the plans.
 
 Sends leave in step order where that helps: when this rank sends in step ``s`` data that its receiver
 sends on in step ``s+1`` (reduced or relayed), a send of step ``s+1`` to a peer that it did not send to
@@ -44,10 +41,6 @@ HOLD_NEW_PEERS = True
 #: A step's segments from several peers are applied in turn (see the module doc). False only for an A/B
 #: measurement (``benchmarks/step_order.py --rule interleave``).
 INTERLEAVE_PEERS = True
-#: A rank that receives nothing in the next step posts the receives of the step after that while this
-#: one is applied, when they land in place and cannot arrive too soon (:func:`inplace.early_step`).
-#: False only for an A/B measurement (``benchmarks/step_order.py --rule ahead``).
-POST_AHEAD = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +95,7 @@ def _plan_weight(plan: "Plan", args: tuple) -> int:
 
 
 @memoise(PLANS, _plan_weight)
-def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True,
-                 ahead: bool = True) -> Plan:
+def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True) -> Plan:
     """Turn ``rank``'s transfers into actions. ``segment`` is the pipeline granularity in elements.
 
     The plan's messages are the transfers cut into segments; its actions post every receive up to one
@@ -112,11 +104,9 @@ def compile_plan(schedule: Schedule, rank: int, segment: int, hold: bool = True,
     older step wait for it: see the module doc), and wait for earlier sends whose range a receive
     or an apply would overwrite (see _PlanBuilder). The scratch is the largest step's non-direct
     receives, twice that when they fit in one segment. ``interleave``: a step's segments from several
-    peers are applied in turn (see the module doc; False only for A/B runs). ``ahead``: receives of a
-    later step go out during step ``s`` when this rank receives nothing in step ``s+1``
-    (:func:`inplace.early_step`; False only for A/B runs).
+    peers are applied in turn (see the module doc; False only for A/B runs).
     """
-    return _PlanBuilder(schedule, rank, max(1, segment), hold, interleave, ahead).build()
+    return _PlanBuilder(schedule, rank, max(1, segment), hold, interleave).build()
 
 
 def _select(st: StepArrays, rows: np.ndarray) -> list[Transfer]:
@@ -192,8 +182,7 @@ class _Receives:
         for run in pb.recv_runs[step]:
             sends = pb.send_runs_over(run, step - 1)
             older.update((rid, sends) for rid in range(run.first, run.first + run.nseg))
-        early = step in pb.posted_ahead  # posted while an earlier step was applied (run_step)
-        self.queue = [] if early else [(rid, older[rid]) for rid in pb.apply_order[step]]  # scratch order
+        self.queue = [(rid, older[rid]) for rid in pb.apply_order[step]]  # scratch order
         self.cursor = 0
 
     def post(self, freed: int | None) -> None:
@@ -212,11 +201,8 @@ class _PlanBuilder:
     """The state of one :func:`compile_plan` call: this rank's transfers per step, their segments
     (``msgs``, grouped in runs), the actions emitted so far and the sends not yet waited for."""
 
-    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True,
-                 ahead: bool = True):
+    def __init__(self, schedule: Schedule, rank: int, segment: int, hold: bool = True, interleave: bool = True):
         self.rank, self.segment, self.hold, self.interleave_peers = rank, segment, hold, interleave
-        self.ahead = ahead
-        self.posted_ahead: set[int] = set()  # steps whose receives went out during an earlier step
         self.nsteps = nsteps = schedule.num_steps
         # This rank's transfers per step, in schedule order: out_t[s] it sends, in_t[s] it receives.
         self.out_t: list[list[Transfer]] = []
@@ -393,10 +379,6 @@ class _PlanBuilder:
         if nxt is not None:
             recvs.post(None if self.two_regions else 0)
             unlocks = self.unlocks(s, nxt)
-            t = inplace.early_step(self, s) if self.ahead else None
-            if t is not None:
-                _Receives(self, t).post(None)  # every one lands in place: no scratch to wait for
-                self.posted_ahead.add(t)
         writers = {}  # per received segment: the sends of steps <= s+1 over its run's range
         for run in self.recv_runs[s]:
             hazard = self.send_runs_over(run, s + 1)
@@ -433,7 +415,7 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     if cap:
         segment_bytes = min(segment_bytes, cap)
     plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS,
-                        INTERLEAVE_PEERS, POST_AHEAD)
+                        INTERLEAVE_PEERS)
     msgs = plan.msgs
     scratch = _scratch(channel.workspace, plan.scratch_elems, buffers[0])
     handles: list = [None] * len(msgs)

@@ -1,12 +1,11 @@
-"""When a receive may land straight in the buffer, and how early it may be posted: the executor's
-in-place rules (:mod:`ringlet.algorithms.executor`), as functions of one rank's plan builder ``pb``.
+"""When a receive may land straight in the buffer: the executor's in-place rule
+(:mod:`ringlet.algorithms.executor`), as functions of one rank's plan builder ``pb``.
 
-Both rules rest on the executor's ordering: a rank runs its actions in order; a send of step ``s`` is
-posted only after the received segments of step ``s-1`` it overlaps are applied, and after every
-apply of steps ``<= s-2``. So a peer's step-``t`` message over a range is causally after that peer
-received this rank's message over the range in step ``t-1`` when the peer forwards it (``answers``),
-and in any step ``<= t-2`` always. :mod:`ringlet.algorithms.plan_check` verifies the plans these rules
-produce under every message timing.
+The rule rests on the executor's ordering: a rank runs its actions in order, and a send of step ``s``
+is posted only after the received segments of step ``s-1`` it overlaps are applied. So a peer's
+step-``s`` message over a range is causally after that peer received this rank's step-``s-1`` message
+over the range when the peer forwards it (``answers``). :mod:`ringlet.algorithms.plan_check` verifies
+the plans under every message timing.
 """
 from __future__ import annotations
 
@@ -52,59 +51,3 @@ def can_direct(pb, s: int, i: int) -> bool:
         if not (s2 == s - 1 and sd[0] == peer and answers(pb, s, peer, sd)):
             return False
     return True
-
-
-def early_step(pb, s: int) -> int | None:
-    """The step ``t > s+1`` whose receives may be posted while step ``s`` is applied, or None.
-
-    Without this, a rank that receives nothing in steps ``s+1..t-1`` posts step ``t``'s receives only
-    after step ``s`` is applied in full, while the sender may be ready long before (a tree's interior
-    rank reduces its children's data, sends it up, and waits for the broadcast coming down: its
-    parent's first segments would wait for this rank's last reduction). They may go early when every
-    receive of step ``t`` lands in place (:func:`can_direct`) and, for its range ``R`` from peer
-    ``q``, ``q``'s data cannot arrive before this rank is done with ``R``:
-
-    * no send of step ``s`` overlaps ``R`` (it may still be reading ``R``);
-    * every send over ``R`` in steps ``s+1..t-1`` goes to ``q`` (``q`` applies it before its step-``t``
-      message: program order, or ``answers`` for step ``t-1``, which ``can_direct`` checked);
-    * those sends cover every part of ``R`` that a receive of step ``s`` writes (the sends are posted
-      after those writes, so ``q``'s reply comes after them).
-    """
-    if not pb.in_t[s] or s + 1 >= pb.nsteps or pb.in_t[s + 1]:
-        return None
-    t = next((u for u in range(s + 2, pb.nsteps) if pb.in_t[u]), None)
-    if t is None:
-        return None
-    for i, (q, b, off, cnt, _) in enumerate(pb.recvs[t]):
-        if not (cnt == 0 or (can_direct(pb, t, i) and _replied(pb, s, t, q, b, off, cnt))):
-            return None
-    return t
-
-
-def _replied(pb, s: int, t: int, q: int, b: int, off: int, cnt: int) -> bool:
-    """The last two conditions of :func:`early_step` for one receive of step ``t`` (from ``q``)."""
-    if pb.send_index.overlapping(b, off, cnt, s, s + 1):
-        return False
-    cover = []
-    for pos in pb.send_index.overlapping(b, off, cnt, s + 1, t):
-        s2, j = pb.send_index.where[pos]
-        dst, _, o, c = pb.sends[s2][j]
-        if dst != q:
-            return False
-        cover.append((o, o + c))
-    for pos in pb.recv_index.overlapping(b, off, cnt, s, s + 1):
-        _, o, c = pb.recv_index.items[pos]
-        if not _covers(cover, max(o, off), min(o + c, off + cnt)):
-            return False
-    return True
-
-
-def _covers(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
-    """True when the union of ``spans`` covers ``[lo, hi)``."""
-    for a, z in sorted(spans):
-        if a > lo:
-            break
-        lo = max(lo, z)
-        if lo >= hi:
-            return True
-    return lo >= hi

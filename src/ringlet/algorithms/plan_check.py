@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .executor import APPLY, POST_RECV, POST_SEND, Plan, compile_plan
+from .executor import APPLY, Plan, compile_plan
 from .schedule import Schedule
 
 SCRATCH = -1  # the "buffer" index of a rank's scratch
@@ -179,10 +179,10 @@ def races(run: _Run, vc) -> list[str]:
 
 
 def check_plans(schedule: Schedule, segment: int, *, hold: bool = True, interleave: bool = True,
-                ahead: bool = True, limit: int = 20) -> list[str]:
+                limit: int = 20) -> list[str]:
     """Problems of ``schedule``'s plans compiled with ``segment`` elements per message and the executor's
     rules as given (:func:`ringlet.algorithms.executor.compile_plan`), at most ``limit`` of them."""
-    run = _Run([compile_plan(schedule, r, segment, hold, interleave, ahead) for r in range(schedule.nranks)])
+    run = _Run([compile_plan(schedule, r, segment, hold, interleave) for r in range(schedule.nranks)])
     if run.problems:
         return run.problems[:limit]
     vc = run.clocks()
