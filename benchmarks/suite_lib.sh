@@ -4,12 +4,13 @@ CLUSTER=(.venv/bin/ringlet cluster)
 ALGOS=auto,ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus
 trap '"${CLUSTER[@]}" down >/dev/null 2>&1 || true' EXIT
 
-# calibrate SHAPE: bring the cluster up as SHAPE (HOSTSxRANKS_LINK, e.g. 4x1_1gbit) and `ringlet tune` it
-# into $OUT/profile_SHAPE.json (transcript in $OUT/tune_SHAPE.txt).
+# calibrate SHAPE: bring the cluster up as SHAPE (HOSTSxRANKS_LINK, e.g. 4x1_1gbit; BURST=64K in the
+# environment sets the links' token buckets, `ringlet cluster up --burst`) and `ringlet tune` it into
+# $OUT/profile_SHAPE.json (transcript in $OUT/tune_SHAPE.txt).
 calibrate() {
   local shape=$1 hosts rest per link prof
   hosts=${shape%%x*}; rest=${shape#*x}; per=${rest%%_*}; link=${rest#*_}; prof="$OUT/profile_$shape.json"
-  "${CLUSTER[@]}" up --hosts "$hosts" --ranks-per-host "$per" --link "$link" --replace >/dev/null
+  "${CLUSTER[@]}" up --hosts "$hosts" --ranks-per-host "$per" --link "$link" ${BURST:+--burst "$BURST"} --replace >/dev/null
   { echo "\$ ringlet tune --cluster --transport torch --out $prof"
     /usr/bin/time -f "wall %e s" .venv/bin/ringlet tune --cluster --transport torch --out "$prof"; } 2>&1 | tee "$OUT/tune_$shape.txt"
 }

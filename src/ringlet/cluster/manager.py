@@ -96,7 +96,7 @@ def up(spec: ClusterSpec, *, replace: bool = False, foreground: bool = False, lo
         netns.create_bridge()
         text = netns.hosts_file(hosts)
         for h in hosts:
-            netns.create_host(h, net.prefixlen, rate, spec.cap_ingress, text)
+            netns.create_host(h, net.prefixlen, rate, spec.cap_ingress, text, spec.burst)
             if ctl is not None:
                 ctl.create(h.name, cpus)
         problems = linktest.connectivity(state)
@@ -116,7 +116,8 @@ def up(spec: ClusterSpec, *, replace: bool = False, foreground: bool = False, lo
         down(log=_quiet)
         raise
     log(f"cluster up: {len(hosts)} hosts × {spec.ranks_per_host} rank(s), links {st.format_rate(rate)}"
-        f"{' each way' if spec.cap_ingress else ' (upload only)'}, "
+        f"{' each way' if spec.cap_ingress else ' (upload only)'}"
+        f"{f', {spec.burst} B buckets' if spec.burst is not None else ''}, "
         + (f"{cpus:g} CPU per host (cgroup v{ctl.version})" if ctl else "no CPU quota"))
     return state
 
@@ -223,7 +224,7 @@ def set_link(state: ClusterState, rate: str, hosts: list[str] | None = None) -> 
     bits = st.parse_rate(rate)
     chosen = state.hosts if not hosts else tuple(state.host(h) for h in hosts)
     for h in chosen:
-        netns.set_rate(h, bits, state.spec.cap_ingress)
+        netns.set_rate(h, bits, state.spec.cap_ingress, state.spec.burst)
     if len(chosen) == len(state.hosts):
         state = dataclasses.replace(state, spec=dataclasses.replace(state.spec, link=rate))
         st.save(state)

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .state import BRIDGE, ETC_NETNS, HOST_IFNAME, PREFIX, ClusterError, Host, format_rate
+from .state import BRIDGE, ETC_NETNS, HOST_IFNAME, MIN_BURST, PREFIX, ClusterError, Host, format_rate
 
 TIMEOUT = 20.0
 TBF_LATENCY = "50ms"
@@ -50,20 +50,22 @@ def missing_tools() -> list[str]:
 
 
 def tbf_burst(rate_bits: int) -> int:
-    """Bucket size of a tbf cap: 2 ms of traffic, at least 64 KiB (one GSO packet); 250 kB at 1 Gbit/s
-    (docs/design.md has the measurement behind it)."""
-    return max(64 * 1024, rate_bits // 8 // 500)
+    """Default bucket size of a tbf cap: 2 ms of traffic, at least 64 KiB (one GSO packet); 250 kB at
+    1 Gbit/s (docs/design.md has the measurement behind it)."""
+    return max(MIN_BURST, rate_bits // 8 // 500)
 
 
-def tbf_args(rate_bits: int) -> list[str]:
-    return ["tbf", "rate", format_rate(rate_bits), "burst", str(tbf_burst(rate_bits)), "latency", TBF_LATENCY]
+def tbf_args(rate_bits: int, burst: int | None = None) -> list[str]:
+    """tc arguments of a cap at ``rate_bits`` with a bucket of ``burst`` bytes (None: :func:`tbf_burst`)."""
+    size = tbf_burst(rate_bits) if burst is None else burst
+    return ["tbf", "rate", format_rate(rate_bits), "burst", str(size), "latency", TBF_LATENCY]
 
 
-def set_rate(host: Host, rate_bits: int, cap_ingress: bool) -> None:
+def set_rate(host: Host, rate_bits: int, cap_ingress: bool, burst: int | None = None) -> None:
     """Re-shape a live host's caps to ``rate_bits`` (``tc qdisc change``: connections stay up)."""
-    sh("tc", "-n", host.netns, "qdisc", "change", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits))
+    sh("tc", "-n", host.netns, "qdisc", "change", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits, burst))
     if cap_ingress:
-        sh("tc", "qdisc", "change", "dev", host.veth, "root", *tbf_args(rate_bits))
+        sh("tc", "qdisc", "change", "dev", host.veth, "root", *tbf_args(rate_bits, burst))
 
 
 def overlapping_routes(network) -> list[str]:
@@ -86,7 +88,8 @@ def create_bridge() -> None:
     sh("ip", "link", "set", BRIDGE, "up")
 
 
-def create_host(host: Host, prefixlen: int, rate_bits: int, cap_ingress: bool, hosts_file: str) -> None:
+def create_host(host: Host, prefixlen: int, rate_bits: int, cap_ingress: bool, hosts_file: str,
+                burst: int | None = None) -> None:
     """Namespace, veth into the bridge, address, loopback, rate caps and /etc/netns/NAME/hosts."""
     ns = host.netns
     sh("ip", "netns", "add", ns)
@@ -99,9 +102,9 @@ def create_host(host: Host, prefixlen: int, rate_bits: int, cap_ingress: bool, h
     sh("ip", "-n", ns, "addr", "add", f"{host.addr}/{prefixlen}", "dev", HOST_IFNAME)
     sh("ip", "-n", ns, "link", "set", "lo", "up")
     sh("ip", "-n", ns, "link", "set", HOST_IFNAME, "up")
-    sh("tc", "-n", ns, "qdisc", "add", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits))
+    sh("tc", "-n", ns, "qdisc", "add", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits, burst))
     if cap_ingress:
-        sh("tc", "qdisc", "add", "dev", host.veth, "root", *tbf_args(rate_bits))
+        sh("tc", "qdisc", "add", "dev", host.veth, "root", *tbf_args(rate_bits, burst))
     # `ip netns exec` bind-mounts /etc/netns/NAME/* over /etc/*: names of the hosts resolve inside.
     d = ETC_NETNS / ns
     d.mkdir(parents=True, exist_ok=True)
