@@ -4,7 +4,7 @@ CLUSTER=(.venv/bin/ringlet cluster)
 ALGOS=auto,ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus
 trap '"${CLUSTER[@]}" down >/dev/null 2>&1 || true' EXIT
 
-# calibrate SHAPE: bring the cluster up as SHAPE (HOSTSxRANKS_LINK, e.g. 4x1_1gbit; BURST=64K in the
+# calibrate SHAPE: bring the cluster up as SHAPE (HOSTSxRANKS_LINK, e.g. 4x1_1gbit; BURST=96K in the
 # environment sets the links' token buckets, `ringlet cluster up --burst`) and `ringlet tune` it into
 # $OUT/profile_SHAPE.json (transcript in $OUT/tune_SHAPE.txt).
 calibrate() {

@@ -45,7 +45,7 @@ def test_format_rate_round_trips(bits):
 
 @pytest.mark.parametrize("kw", [dict(hosts=0), dict(ranks_per_host=0), dict(link="x"), dict(cpus_per_host=-1),
                                 dict(intra="rdma"), dict(subnet="8.8.8.0/24"), dict(subnet="10.0.0.0/30", hosts=3),
-                                dict(subnet="10.213.0.1/24"), dict(burst=1500)])
+                                dict(subnet="10.213.0.1/24"), dict(burst=1500), dict(burst=65536)])
 def test_spec_rejects_bad_input(kw):
     with pytest.raises(ValueError):
         ClusterSpec(**{"hosts": 2, **kw}).validate()
@@ -66,12 +66,12 @@ def test_plan_and_state_round_trip():
 
 def test_tbf_burst_covers_a_gso_packet_and_2ms():
     assert netns.tbf_burst(10**9) == 250_000
-    assert netns.tbf_burst(10**7) == 64 * 1024
+    assert netns.tbf_burst(10**7) == 96 * 1024  # more than a GSO packet: a 64 KiB bucket splits them
     assert netns.tbf_burst(10 * 10**9) == 2_500_000
-    assert netns.tbf_args(10**9)[4] == "250000" and netns.tbf_args(10**9, 65536)[4] == "65536"  # --burst
-    spec = ClusterSpec(2, burst=65536).validate()
+    assert netns.tbf_args(10**9)[4] == "250000" and netns.tbf_args(10**9, 98304)[4] == "98304"  # --burst
+    spec = ClusterSpec(2, burst=98304).validate()
     s = ClusterState(spec, st.plan_hosts(spec), None, None, 0.0)
-    assert ClusterState.from_json(s.to_json()).spec.burst == 65536
+    assert ClusterState.from_json(s.to_json()).spec.burst == 98304
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -281,13 +281,13 @@ def test_links_are_capped_both_ways(clean_machine):
 def test_cli_up_exec_status_down(clean_machine):
     bad = cli("up", "--hosts", "2", "--burst", "lots")
     assert bad.returncode != 0 and "--burst" in bad.stderr
-    p = cli("up", "--hosts", "2", "--link", "100mbit", "--cpus-per-host", str(_cpus() / 2), "--burst", "64K")
+    p = cli("up", "--hosts", "2", "--link", "100mbit", "--cpus-per-host", str(_cpus() / 2), "--burst", "96K")
     assert p.returncode == 0, p.stderr
     again = cli("up", "--hosts", "2")
     assert again.returncode != 0 and "already up" in again.stderr
     status = cli("status")
     assert status.returncode == 0 and "rgl-h1" in status.stdout and "100mbit" in status.stdout, status.stdout
-    assert "65536 B buckets" in status.stdout, status.stdout
+    assert "98304 B buckets" in status.stdout, status.stdout
     probe = ("import os, socket; print(socket.gethostname(), os.environ['RINGLET_HOSTNAME'], "
              "open('/proc/net/dev').read().count(':'), open('/proc/self/cgroup').read().count('rgl-h1'))")
     ex = cli("exec", "h1", "--", sys.executable, "-c", probe)
@@ -302,7 +302,7 @@ def test_cli_up_exec_status_down(clean_machine):
     rows = cli("status").stdout
     assert "link 300mbit" in rows and "50mbit" in rows and "100mbit" not in rows, rows
     qdisc = netns.sh("tc", "-n", "rgl-h1", "qdisc", "show", "dev", "eth0")
-    assert "burst 64Kb" in qdisc, qdisc  # re-shaping keeps the bucket asked for
+    assert "burst 96Kb" in qdisc, qdisc  # re-shaping keeps the bucket asked for
     assert cli("link", "fast").returncode != 0 and cli("link", "1gbit", "--host", "h7").returncode != 0
     down = cli("down")
     assert down.returncode == 0, down.stderr

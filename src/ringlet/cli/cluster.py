@@ -22,10 +22,10 @@ import sys
 
 import click
 
+from ..benchmarking import parse_size
 from ..cluster import _rsh, linktest, manager
 from ..cluster.foreground import up_and_run
 from ..cluster import state as st
-from ..benchmarking import parse_size
 from ..cluster.state import INTRA_CHOICES, ClusterError, ClusterSpec
 
 
@@ -57,8 +57,8 @@ def cluster_cli() -> None:
                    "always uses the host's loopback).")
 @click.option("--subnet", default=st.DEFAULT_SUBNET, show_default=True, help="Private IPv4 subnet of the hosts.")
 @click.option("--upload-only", is_flag=True, help="Cap only what each host sends (default: both directions).")
-@click.option("--burst", default=None, help="Token bucket of each cap (e.g. 64K, at least 64K). Default: 2 ms of "
-                                            "traffic, at least 64K. A bucket passes that much at veth speed "
+@click.option("--burst", default=None, help="Token bucket of each cap (e.g. 96K, at least 96K). Default: 2 ms of "
+                                            "traffic, at least 96K. A bucket passes that much at veth speed "
                                             "after an idle pause.")
 @click.option("--replace", is_flag=True, help="Tear down a cluster that is already up first.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

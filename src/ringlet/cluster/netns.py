@@ -50,8 +50,8 @@ def missing_tools() -> list[str]:
 
 
 def tbf_burst(rate_bits: int) -> int:
-    """Default bucket size of a tbf cap: 2 ms of traffic, at least 64 KiB (one GSO packet); 250 kB at
-    1 Gbit/s (docs/design.md has the measurement behind it)."""
+    """Default bucket size of a tbf cap: 2 ms of traffic, at least :data:`MIN_BURST` (more than one GSO
+    packet); 250 kB at 1 Gbit/s (docs/design.md and docs/cluster.md have the measurements behind it)."""
     return max(MIN_BURST, rate_bits // 8 // 500)
 
 

@@ -20,7 +20,9 @@ PREFIX = "rgl-"
 BRIDGE = "rgl-br0"
 DEFAULT_SUBNET = "10.213.0.0/24"
 INTRA_CHOICES = ("shm", "loopback")
-MIN_BURST = 64 * 1024  # the smallest tbf bucket: one GSO packet (tbf drops packets larger than its bucket)
+# The smallest tbf bucket: more than one GSO packet with its headers (tbf splits a packet larger than its
+# bucket, at a high CPU cost: docs/cluster.md).
+MIN_BURST = 96 * 1024
 # The host side of each veth is renamed to this inside its namespace (GLOO_SOCKET_IFNAME points at it).
 HOST_IFNAME = "eth0"
 STATE_DIR = Path("/run/ringlet") if Path("/run").is_dir() else Path("/tmp/ringlet")
@@ -73,7 +75,7 @@ class ClusterSpec:
     intra: str = "shm"
     subnet: str = DEFAULT_SUBNET
     cap_ingress: bool = True  # also cap the bridge side of each veth: the host's download
-    burst: int | None = None  # bytes of each cap's token bucket; None: 2 ms of traffic, at least 64 KiB
+    burst: int | None = None  # bytes of each cap's token bucket; None: 2 ms of traffic, at least 96 KiB
 
     def validate(self) -> "ClusterSpec":
         if self.hosts < 1:
@@ -84,8 +86,8 @@ class ClusterSpec:
         if self.cpus_per_host is not None and self.cpus_per_host < 0:
             raise ValueError("--cpus-per-host must be positive (0 = no CPU quota).")
         if self.burst is not None and self.burst < MIN_BURST:
-            raise ValueError(f"--burst must be at least {MIN_BURST} bytes (one GSO packet: tbf drops a packet "
-                             f"larger than its bucket), got {self.burst}.")
+            raise ValueError(f"--burst must be at least {MIN_BURST} bytes (more than one GSO packet: tbf splits "
+                             f"a packet larger than its bucket, at a high CPU cost), got {self.burst}.")
         if self.intra not in INTRA_CHOICES:
             raise ValueError(f"--intra must be one of {', '.join(INTRA_CHOICES)}.")
         net = self.network()
