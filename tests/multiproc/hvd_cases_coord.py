@@ -53,9 +53,9 @@ def _asked(before: dict) -> dict:
 @case
 def steady_state_uses_the_bit_vector():
     """Step 1 caches 6 names (full rounds); then every window of 9 steps agrees all 54 ops from the cache,
-    in bit-vector rounds. A window without any full round is required in one of three tries: on a loaded
-    machine, one of ~20 CI runs saw one full round in a window that no op of the case asked for (every
-    op still came from the cache); the cause each rank asked for is in the message."""
+    in bit-vector rounds. A window without any full round is required in one of three tries: under CI
+    load, two runs (sessions 21 and 22) saw one full round in a window that no op of the case asked for
+    (every op still came from the cache); the causes each rank asked for are in the message."""
     _step("steady", 6)
     problems = []
     for _ in range(3):
@@ -63,14 +63,17 @@ def steady_state_uses_the_bit_vector():
         for _ in range(9):
             _step("steady", 6)
         full, bits, cached = (_delta(before, k) for k in ("full_rounds", "bit_rounds", "cached_ops"))
-        if cached != 9 * 6 or bits < 9:
-            raise AssertionError(f"steady state: {cached} ops agreed from the cache (want 54), {bits} bit "
-                                 f"rounds (want >= 9), {full} full rounds; this rank asked for {_asked(before)}")
-        problems.append(f"{full} full rounds (this rank asked for {_asked(before)})")
-        # Every rank must take the same decision: agree on whether any rank saw a full round.
-        if float(mpi_ops.allreduce(torch.tensor([float(full)]), name="steady.verdict", op=hvd.Max)) == 0:
+        broken = cached != 9 * 6 or bits < 9
+        problems.append(f"{cached} ops agreed from the cache (want 54), {bits} bit rounds (want >= 9), "
+                        f"{full} full rounds; this rank asked for {_asked(before)}")
+        # Every rank takes the same decision (retry, pass or fail), so none runs steps alone.
+        verdict = 2.0 if broken else float(full > 0)
+        verdict = float(mpi_ops.allreduce(torch.tensor([verdict]), name="steady.verdict", op=hvd.Max))
+        if verdict == 0:
             return
-    raise AssertionError("steady state: a full round in every window of 9 steps: " + "; ".join(problems))
+        if verdict == 2:
+            break
+    raise AssertionError("steady state: " + "; ".join(problems))
 
 
 def _allreduce_ones(shape, name: str) -> torch.Tensor:
