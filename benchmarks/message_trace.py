@@ -25,8 +25,7 @@ import ringlet
 from ringlet.benchmarking import parse_size
 from ringlet.algorithms import executor
 from ringlet.collectives import runtime
-
-RULES = {"hold": "HOLD_NEW_PEERS", "interleave": "INTERLEAVE_PEERS"}
+from step_order import RULES  # --off RULE -> the executor's flag (this directory is on the path)
 
 
 class _Timed:
