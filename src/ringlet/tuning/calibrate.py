@@ -48,12 +48,12 @@ Protocol (docs/tuning.md gives the reasons):
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 7. **Per byte.** Whole unchecked all-reduces of ``plan.large_bytes`` per rank with the ring and with
    halving-doubling — each rank sends and receives the same bytes in both, but on several ranks per
-   host halving-doubling puts fewer of them on the uplinks — are timed (slowest rank, median of three) and
-   :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors' time per byte at a message
-   endpoint: 0 where the links explain both, more where the processors are what binds (many ranks on
-   few cores), and 0 where one common factor explains the two calls as well (one rank per host: they
-   load processors and links alike). ``info["large_calls"]`` keeps the timings, the predictions without
-   ``kappa`` and the fit.
+   host halving-doubling puts fewer of them on the uplinks — are timed in turn, seven times each
+   (slowest rank, median), and :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors'
+   time per byte at a message endpoint: 0 where the links explain both, more where the processors are
+   what binds (many ranks on few cores), and 0 where one common factor explains the two calls as well
+   (one rank per host: they load processors and links alike). ``info["large_calls"]`` keeps the
+   timings, the predictions without ``kappa`` and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -308,6 +308,8 @@ def large_call_predictor(network: Network, topology: Topology, nbytes: int, segm
 # The large calls of step 7: the same bytes through the processors, not (several ranks per host) the same
 # bytes over the uplinks.
 _LARGE_CALLS = ("ring", "halving_doubling")
+# Timings of each, taken in turn; their median is used, as single large calls scatter on a shared machine.
+_LARGE_REPS = 7
 
 
 def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
@@ -322,10 +324,14 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
     seen, measured, segments = {}, [], {a: prober.segment(a, flat) for a in _LARGE_CALLS}
     predict = large_call_predictor(network, topology, plan.large_bytes, segments)
 
-    for algorithm, without in zip(_LARGE_CALLS, predict(0.0)):
+    for algorithm in _LARGE_CALLS:
         prober.time_allreduce(algorithm, flat, 1)  # builds, compiles, touches the buffers
-        t = float(np.median(prober.gather([prober.time_allreduce(algorithm, flat, 1)
-                                           for _ in range(_SUSTAIN_REPS)]).max(axis=0)))
+    # Alternated, so that a slow phase of a shared machine falls on both calls alike: kappa is read from
+    # how they differ.
+    mine = [prober.time_allreduce(a, flat, 1) for _ in range(_LARGE_REPS) for a in _LARGE_CALLS]
+    slowest = prober.gather(mine).max(axis=0).reshape(_LARGE_REPS, len(_LARGE_CALLS))
+    for j, (algorithm, without) in enumerate(zip(_LARGE_CALLS, predict(0.0))):
+        t = float(np.median(slowest[:, j]))
         seen[algorithm] = {"measured": t, "predicted": without, "segment_bytes": segments[algorithm]}
         measured.append(t)
 

@@ -197,7 +197,9 @@ def fit_per_call(calls: Sequence[tuple[float, float, float, float]]) -> tuple[fl
 
 
 _GOLD = (math.sqrt(5.0) - 1.0) / 2.0  # golden-section step
-_KAPPA_EVIDENCE = 0.5  # kappa is kept when it leaves under this share of a common factor's squared error
+# Below this change (in log) of the calls' predicted ratio between no processor bound and a full one, a
+# processor bound only scales them (one rank per host): kappa cannot be told from slow links there.
+_KAPPA_SPAN = 0.1
 
 
 def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[float]], scale: float) -> float:
@@ -208,10 +210,11 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     the best is refined between its neighbours. Calls that make the processors handle the same bytes
     but put different amounts on the links (a ring against halving-doubling on several ranks per host)
     tell a processor bound from a slow link; where the links explain them, the answer is 0. So is it
-    where one common factor on the predictions without ``kappa`` fits nearly as well (under half the
-    squared error left is required of ``kappa``): the calls are then alike in how they load processors
-    and links (one rank per host), and what they say is only that both run slower than the chains'
-    constants, which is no evidence about processors.
+    where the calls are alike in how they load processors and links (one rank per host): then a
+    processor bound moves their predictions in proportion (the ratio of the first two at ``4·scale``
+    differs from the one at 0 by under ``_KAPPA_SPAN`` in log), and what they say is only that both run
+    slower than the chains' constants, which is no evidence about processors. Where they differ,
+    ``kappa`` must still fit better than one common factor on the predictions without it.
     ``ValueError`` for no calls, a timing that is not finite and > 0, or ``scale <= 0``."""
     m = np.asarray(measured, dtype=float)
     if m.size == 0 or not (np.isfinite(m).all() and (m > 0).all()):
@@ -238,8 +241,13 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     # Below the value at which the processors bind, kappa changes no prediction: say 0, not noise.
     if losses[0] <= loss(best) * (1 + 1e-9):
         return 0.0
-    # kappa must explain how the calls differ, not only how slow all of them are: one common factor on
-    # the predictions without it (links slower at length than the chains said) must fit clearly worse.
-    r = np.asarray(predict(0.0), dtype=float) / m
+    # kappa must explain how the calls differ, not only how slow all of them are: the layout must let it
+    # (a processor bound changes the calls' ratio), and one common factor on the predictions without it
+    # (links slower at length than the chains said) must fit worse.
+    free, bound = np.asarray(predict(0.0), dtype=float), np.asarray(predict(4.0 * scale), dtype=float)
+    if m.size < 2 or not ((free[:2] > 0).all() and (bound[:2] > 0).all()) \
+            or abs(math.log((free[0] / free[1]) / (bound[0] / bound[1]))) < _KAPPA_SPAN:
+        return 0.0
+    r = free / m
     common = float((((r.sum() / (r * r).sum()) * r - 1.0) ** 2).sum())
-    return float(best) if loss(best) < _KAPPA_EVIDENCE * common else 0.0
+    return float(best) if loss(best) < common else 0.0
