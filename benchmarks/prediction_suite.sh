@@ -5,9 +5,10 @@
 # 4 B-256 KiB with 200 timed calls per row (each timed block then spans several 100 ms CPU-quota
 # periods, so a throttled period is not the whole block), and 1 MiB-256 MiB with the default counts.
 # Needs root and an otherwise idle machine.
-#   usage: sudo [BURST=96K] benchmarks/prediction_suite.sh OUTDIR [4x1_1gbit] [2x2_1gbit] [4x1_10gbit] [2x2_10gbit]
-# BURST sets the links' token bucket (`ringlet cluster up --burst`; default 2 ms of traffic): attempt 9
-# (benchmarks/results/cost_model_s22) used 96K at 1 Gbit/s.
+#   usage: sudo [BURST=port|96K|] benchmarks/prediction_suite.sh OUTDIR [4x1_1gbit] [2x2_1gbit] [4x1_10gbit] [2x2_10gbit]
+# BURST sets the links' token bucket (`ringlet cluster up --burst`). The default, port, is what attempt 9
+# ran on (benchmarks/results/cost_model_s22, cost_model_s23); BURST= (empty) is the emulator's default of
+# 2 ms of traffic, as attempts 1-8 ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: prediction_suite.sh OUTDIR [SHAPE...]}; shift

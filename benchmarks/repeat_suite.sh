@@ -3,7 +3,8 @@
 # (`ringlet tune`), then the sweeps of benchmarks/prediction_suite.sh twice in a row (runs A and B, the
 # same profile installed), then the model's error against each run and run A against run B
 # (benchmarks/repeat_error.py). Needs root and an otherwise idle machine.
-#   usage: sudo benchmarks/repeat_suite.sh OUTDIR [4x1_1gbit] [4x1_10gbit] ...
+#   usage: sudo [BURST=port|96K|] benchmarks/repeat_suite.sh OUTDIR [4x1_1gbit] [4x1_10gbit] ...
+# BURST as in prediction_suite.sh (default port).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: repeat_suite.sh OUTDIR [SHAPE...]}; shift

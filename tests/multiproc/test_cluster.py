@@ -74,6 +74,21 @@ def test_tbf_burst_covers_a_gso_packet_and_2ms():
     assert ClusterState.from_json(s.to_json()).spec.burst == 98304
 
 
+def test_port_burst_holds_the_rate_and_no_more():
+    # 200 us of traffic in whole 32 KiB, at least 96 KiB: what the cost model's targets were met on.
+    assert netns.tbf_burst(10**9, st.PORT) == 96 * 1024
+    assert netns.tbf_burst(10 * 10**9, st.PORT) == 256 * 1024
+    assert netns.tbf_burst(100 * 10**9, st.PORT) == 77 * 32 * 1024
+    assert netns.tbf_args(10 * 10**9, st.PORT)[4] == "262144"
+    assert netns.bucket_text(10**9, st.PORT) == "port 98304 B buckets"
+    assert netns.bucket_text(10**9, 131072) == "131072 B buckets" and netns.bucket_text(10**9, None) == ""
+    spec = ClusterSpec(2, burst=st.PORT).validate()
+    s = ClusterState(spec, st.plan_hosts(spec), None, None, 0.0)
+    assert ClusterState.from_json(s.to_json()).spec.burst == st.PORT
+    with pytest.raises(ValueError, match="bytes or 'port'"):
+        ClusterSpec(2, burst="lots").validate()
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_cgroup_files_on_a_fake_tree(tmp_path, version):
     if version == 2:
@@ -306,6 +321,29 @@ def test_cli_up_exec_status_down(clean_machine):
     assert cli("link", "fast").returncode != 0 and cli("link", "1gbit", "--host", "h7").returncode != 0
     down = cli("down")
     assert down.returncode == 0, down.stderr
+    assert manager.leftovers() == []
+
+
+def _bucket(ns: str) -> int:
+    """The tbf bucket of ``ns``'s eth0 in bytes, as tc reads it back (e.g. 'burst 261250b', '96Kb')."""
+    words = netns.sh("tc", "-n", ns, "qdisc", "show", "dev", "eth0").split()
+    size = words[words.index("burst") + 1]
+    return int(size[:-2]) * 1024 if size.endswith("Kb") else int(size.rstrip("b"))
+
+
+@pytest.mark.multiproc
+@needs_root
+def test_cli_port_buckets_follow_the_rate(clean_machine):
+    p = cli("up", "--hosts", "2", "--link", "10gbit", "--burst", "port")
+    assert p.returncode == 0, p.stderr
+    try:
+        assert "port 262144 B buckets" in cli("status").stdout
+        assert _bucket("rgl-h0") == pytest.approx(262144, rel=0.01)  # the kernel rounds it to its ticks
+        assert cli("link", "1gbit").returncode == 0  # a port's bucket is recomputed for the new rate
+        assert _bucket("rgl-h0") == pytest.approx(98304, rel=0.01)
+        assert "port 98304 B buckets" in cli("status").stdout
+    finally:
+        assert cli("down").returncode == 0
     assert manager.leftovers() == []
 
 

@@ -23,7 +23,7 @@ import sys
 import click
 
 from ..benchmarking import parse_size
-from ..cluster import _rsh, linktest, manager
+from ..cluster import _rsh, linktest, manager, netns
 from ..cluster.foreground import up_and_run
 from ..cluster import state as st
 from ..cluster.state import INTRA_CHOICES, ClusterError, ClusterSpec
@@ -57,18 +57,19 @@ def cluster_cli() -> None:
                    "always uses the host's loopback).")
 @click.option("--subnet", default=st.DEFAULT_SUBNET, show_default=True, help="Private IPv4 subnet of the hosts.")
 @click.option("--upload-only", is_flag=True, help="Cap only what each host sends (default: both directions).")
-@click.option("--burst", default=None, help="Token bucket of each cap (e.g. 96K, at least 96K). Default: 2 ms of "
-                                            "traffic, at least 96K. A bucket passes that much at veth speed "
-                                            "after an idle pause.")
+@click.option("--burst", default=None, help="Token bucket of each cap: bytes (e.g. 96K, at least 96K) or 'port', "
+                                            "the smallest that holds the rate (200 us of traffic, at least 96K), "
+                                            "as a switch port behaves. Default: 2 ms of traffic, at least 96K. A "
+                                            "bucket passes that much at veth speed after an idle pause.")
 @click.option("--replace", is_flag=True, help="Tear down a cluster that is already up first.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up_cli(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, upload_only, burst, replace, command):
     """Create the emulated hosts rgl-h0..rgl-h{N-1}. With `-- COMMAND`, run COMMAND (on this machine,
     e.g. `ringlet run --cluster -- ...`) and tear the cluster down when it ends or on Ctrl-C."""
     try:
-        nbytes = None if burst is None else parse_size(burst)
+        nbytes = None if burst is None else st.PORT if burst == st.PORT else parse_size(burst)
     except ValueError:
-        raise _fail(ClusterError(f"Bad --burst {burst!r}: give bytes, e.g. 65536 or 64K.")) from None
+        raise _fail(ClusterError(f"Bad --burst {burst!r}: give bytes, e.g. 98304 or 96K, or 'port'.")) from None
     spec = ClusterSpec(nhosts, ranks_per_host, link, cpus_per_host, intra, subnet, not upload_only, nbytes)
     if command:
         try:
@@ -112,7 +113,8 @@ def _print_status(state) -> None:
     spec = state.spec
     click.echo(f"{len(state.hosts)} hosts × {spec.ranks_per_host} rank(s); link {spec.link}"
                f"{' each way' if spec.cap_ingress else ' upload only'}"
-               f"{f' ({spec.burst} B buckets)' if spec.burst is not None else ''}; CPU per host: "
+               f"{f' ({netns.bucket_text(st.parse_rate(spec.link), spec.burst)})' if spec.burst is not None else ''}"
+               "; CPU per host: "
                + (f"{state.cpus:g} (cgroup v{state.cgroup_version})" if state.cgroup_version else "no quota")
                + f"; intra-host: {spec.intra}; subnet {spec.subnet}")
     click.echo(f"{'host':<10}{'address':<16}{'upload':<10}{'download':<10}{'cpus':<7}processes")

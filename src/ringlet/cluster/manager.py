@@ -117,7 +117,7 @@ def up(spec: ClusterSpec, *, replace: bool = False, foreground: bool = False, lo
         raise
     log(f"cluster up: {len(hosts)} hosts × {spec.ranks_per_host} rank(s), links {st.format_rate(rate)}"
         f"{' each way' if spec.cap_ingress else ' (upload only)'}"
-        f"{f', {spec.burst} B buckets' if spec.burst is not None else ''}, "
+        f"{f', {netns.bucket_text(rate, spec.burst)}' if spec.burst is not None else ''}, "
         + (f"{cpus:g} CPU per host (cgroup v{ctl.version})" if ctl else "no CPU quota"))
     return state
 

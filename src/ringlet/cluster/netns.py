@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
-from .state import BRIDGE, ETC_NETNS, HOST_IFNAME, MIN_BURST, PREFIX, ClusterError, Host, format_rate
+from .state import (BRIDGE, ETC_NETNS, HOST_IFNAME, MIN_BURST, PORT, PORT_SECONDS, PORT_STEP, PREFIX, ClusterError,
+                    Host, format_rate)
 
 TIMEOUT = 20.0
 TBF_LATENCY = "50ms"
@@ -49,19 +51,32 @@ def missing_tools() -> list[str]:
     return [t for t in ("ip", "tc") if shutil.which(t) is None]
 
 
-def tbf_burst(rate_bits: int) -> int:
-    """Default bucket size of a tbf cap: 2 ms of traffic, at least :data:`MIN_BURST` (more than one GSO
-    packet); 250 kB at 1 Gbit/s (docs/design.md and docs/cluster.md have the measurements behind it)."""
+def tbf_burst(rate_bits: int, burst: int | str | None = None) -> int:
+    """Bucket size in bytes of a tbf cap at ``rate_bits``: ``burst`` bytes if given; :data:`PORT`: the
+    smallest bucket that holds the rate (:data:`PORT_SECONDS` of traffic in whole :data:`PORT_STEP`);
+    None, the default: 2 ms of traffic, 250 kB at 1 Gbit/s. Never below :data:`MIN_BURST` unless asked
+    for in bytes (docs/design.md and docs/cluster.md have the measurements behind these)."""
+    if isinstance(burst, int):
+        return burst
+    if burst == PORT:
+        return max(MIN_BURST, math.ceil(rate_bits / 8 * PORT_SECONDS / PORT_STEP) * PORT_STEP)
     return max(MIN_BURST, rate_bits // 8 // 500)
 
 
-def tbf_args(rate_bits: int, burst: int | None = None) -> list[str]:
-    """tc arguments of a cap at ``rate_bits`` with a bucket of ``burst`` bytes (None: :func:`tbf_burst`)."""
-    size = tbf_burst(rate_bits) if burst is None else burst
+def bucket_text(rate_bits: int, burst: int | str | None) -> str:
+    """How a status line names a bucket asked for: '' for the default, else its bytes."""
+    if burst is None:
+        return ""
+    return f"{'port ' if burst == PORT else ''}{tbf_burst(rate_bits, burst)} B buckets"
+
+
+def tbf_args(rate_bits: int, burst: int | str | None = None) -> list[str]:
+    """tc arguments of a cap at ``rate_bits`` with the bucket :func:`tbf_burst` gives for ``burst``."""
+    size = tbf_burst(rate_bits, burst)
     return ["tbf", "rate", format_rate(rate_bits), "burst", str(size), "latency", TBF_LATENCY]
 
 
-def set_rate(host: Host, rate_bits: int, cap_ingress: bool, burst: int | None = None) -> None:
+def set_rate(host: Host, rate_bits: int, cap_ingress: bool, burst: int | str | None = None) -> None:
     """Re-shape a live host's caps to ``rate_bits`` (``tc qdisc change``: connections stay up)."""
     sh("tc", "-n", host.netns, "qdisc", "change", "dev", HOST_IFNAME, "root", *tbf_args(rate_bits, burst))
     if cap_ingress:
@@ -89,7 +104,7 @@ def create_bridge() -> None:
 
 
 def create_host(host: Host, prefixlen: int, rate_bits: int, cap_ingress: bool, hosts_file: str,
-                burst: int | None = None) -> None:
+                burst: int | str | None = None) -> None:
     """Namespace, veth into the bridge, address, loopback, rate caps and /etc/netns/NAME/hosts."""
     ns = host.netns
     sh("ip", "netns", "add", ns)

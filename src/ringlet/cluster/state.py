@@ -23,6 +23,11 @@ INTRA_CHOICES = ("shm", "loopback")
 # The smallest tbf bucket: more than one GSO packet with its headers (tbf splits a packet larger than its
 # bucket, at a high CPU cost: docs/cluster.md).
 MIN_BURST = 96 * 1024
+# `--burst port`: the smallest bucket that holds the rate, as a switch port passes no more than its rate
+# after an idle pause: 200 us of traffic in whole 32 KiB, at least MIN_BURST (96 KiB at 1 Gbit/s,
+# 256 KiB at 10 Gbit/s).
+PORT = "port"
+PORT_SECONDS, PORT_STEP = 200e-6, 32 * 1024
 # The host side of each veth is renamed to this inside its namespace (GLOO_SOCKET_IFNAME points at it).
 HOST_IFNAME = "eth0"
 STATE_DIR = Path("/run/ringlet") if Path("/run").is_dir() else Path("/tmp/ringlet")
@@ -75,7 +80,8 @@ class ClusterSpec:
     intra: str = "shm"
     subnet: str = DEFAULT_SUBNET
     cap_ingress: bool = True  # also cap the bridge side of each veth: the host's download
-    burst: int | None = None  # bytes of each cap's token bucket; None: 2 ms of traffic, at least 96 KiB
+    # bytes of each cap's token bucket; None: 2 ms of traffic, at least 96 KiB; PORT: as a switch port
+    burst: int | str | None = None
 
     def validate(self) -> "ClusterSpec":
         if self.hosts < 1:
@@ -85,7 +91,9 @@ class ClusterSpec:
         parse_rate(self.link)
         if self.cpus_per_host is not None and self.cpus_per_host < 0:
             raise ValueError("--cpus-per-host must be positive (0 = no CPU quota).")
-        if self.burst is not None and self.burst < MIN_BURST:
+        if isinstance(self.burst, str) and self.burst != PORT:
+            raise ValueError(f"--burst must be bytes or {PORT!r}, got {self.burst!r}.")
+        if isinstance(self.burst, int) and self.burst < MIN_BURST:
             raise ValueError(f"--burst must be at least {MIN_BURST} bytes (more than one GSO packet: tbf splits "
                              f"a packet larger than its bucket, at a high CPU cost), got {self.burst}.")
         if self.intra not in INTRA_CHOICES:
