@@ -75,7 +75,7 @@ def test_tbf_burst_covers_a_gso_packet_and_2ms():
 
 
 def test_port_burst_holds_the_rate_and_no_more():
-    # 200 us of traffic in whole 32 KiB, at least 96 KiB: what the cost model's targets were met on.
+    # 200 us of traffic in whole 32 KiB, at least 96 KiB: the buckets of the cost model's attempts 9-10.
     assert netns.tbf_burst(10**9, st.PORT) == 96 * 1024
     assert netns.tbf_burst(10 * 10**9, st.PORT) == 256 * 1024
     assert netns.tbf_burst(100 * 10**9, st.PORT) == 77 * 32 * 1024

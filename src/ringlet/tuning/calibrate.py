@@ -51,9 +51,10 @@ Protocol (docs/tuning.md gives the reasons):
    host halving-doubling puts fewer of them on the uplinks — are timed in turn, seven times each
    (slowest rank, median), and :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors'
    time per byte at a message endpoint: 0 where the links explain both, more where the processors are
-   what binds (many ranks on few cores), and 0 where one common factor explains the two calls as well
-   (one rank per host: they load processors and links alike). ``info["large_calls"]`` keeps the
-   timings, the predictions without ``kappa`` and the fit.
+   what binds (many ranks on few cores), and 0 where the layout cannot tell a processor bound from a
+   slow link (one rank per host: both calls load processors and links alike) or one common factor
+   explains the two calls as well. ``info["large_calls"]`` keeps the timings, the predictions without
+   ``kappa`` and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
