@@ -325,10 +325,9 @@ def test_cli_up_exec_status_down(clean_machine):
 
 
 def _bucket(ns: str) -> int:
-    """The tbf bucket of ``ns``'s eth0 in bytes, as tc reads it back (e.g. 'burst 261250b', '96Kb')."""
-    words = netns.sh("tc", "-n", ns, "qdisc", "show", "dev", "eth0").split()
-    size = words[words.index("burst") + 1]
-    return int(size[:-2]) * 1024 if size.endswith("Kb") else int(size.rstrip("b"))
+    """The tbf bucket of ``ns``'s eth0 in bytes, as tc reads it back (JSON, like netns.qdisc_rate)."""
+    qdiscs = json.loads(netns.sh("tc", "-n", ns, "-j", "qdisc", "show", "dev", "eth0"))
+    return next(int(q["options"]["burst"]) for q in qdiscs if q.get("kind") == "tbf")
 
 
 @pytest.mark.multiproc
