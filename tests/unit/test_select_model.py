@@ -7,6 +7,7 @@ from ringlet.engine import ops
 from ringlet.engine.channel import Channel
 from ringlet.group import Group
 from ringlet.transport.inproc import InprocWorld
+from ringlet.tuning import model as select_model
 from ringlet.tuning import select
 from ringlet.tuning.network import Network
 from ringlet.types import ReduceOp, reduction
@@ -81,7 +82,8 @@ def test_ranking_and_top_algorithms():
     fastest = min(r.seconds for r in ranked)
     assert all(r.seconds <= fastest * (1 + m.resolution) for r in ranked[:1])
     exact = select.Model(NET, resolution=0).ranking(16 << 20, host_of)
-    assert [r.seconds for r in exact] == sorted(r.seconds for r in exact)
+    # Sorted, up to the ties (within a relative 1e-9) that the preference order decides.
+    assert all(a.seconds <= b.seconds * (1 + select_model.TIE) for a, b in zip(exact, exact[1:]))
     assert {r.choice.algorithm for r in ranked} == set(m.algorithms(host_of))
     assert "direct" not in m.algorithms(host_of)  # 3 sends per rank and step: above max_fanout
     assert "direct" in select.Model(NET, max_fanout=8).algorithms(host_of)

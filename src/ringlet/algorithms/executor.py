@@ -16,7 +16,8 @@ have completed. That peer applies the message only after its own step ``s``, so 
 only share this rank's link with the older step's data that other peers are waiting for (docs/design.md:
 halving-doubling's second step slowed its first). To the same peer the two already travel in order (the
 ring); to a peer idle in step ``s`` the early message is what keeps a pipelined tree pipelined; data that
-nobody sends on (an all-to-all) waits for no one.
+nobody sends on (an all-to-all) waits for no one. :mod:`.hold` states which sends are held; the cost
+model and the simulator read the same answer.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from . import inplace
 from .cache import SizeBoundedCache, memoise
+from .hold import held_pairs
 from .range_index import RangeIndex
 from .schedule import Schedule, StepArrays, Transfer
 from .scratch import scratch as _scratch
@@ -131,10 +133,7 @@ class _Streams:
         self.cursor = {peer: 0 for peer in self.queues}
         self.ready: set[int] = set()
         self.before = pb.ids(pb.send_runs[step - 1]) if step > 0 else []
-        new_peers = set(self.queues) - {pb.msgs[mid].peer for mid in self.before}
-        self.held: set[int] = set()
-        if self.before and new_peers and pb.hold and pb.forwarded(step - 1):
-            self.held = new_peers & pb.receivers(step - 1)
+        self.held: set[int] = pb.held_peers(step) if pb.hold else set()
 
     def mark(self, mid: int) -> None:
         self.ready.add(mid)
@@ -238,22 +237,11 @@ class _PlanBuilder:
         scratch = self.scratch_need * (2 if self.two_regions else 1)
         return Plan(tuple(self.msgs), tuple(self.actions), tuple(sorted(self.outstanding)), scratch)
 
-    def receivers(self, s: int) -> set[int]:
-        """The ranks that receive in step ``s``."""
-        return set(np.unique(self.schedule.step_arrays(s).dst).tolist())
-
-    def forwarded(self, s: int) -> bool:
-        """True when a rank this one sends to in step ``s`` sends on, in step ``s+1``, some of what it
-        received (a reduction or a relay: its peers then wait for this rank's step-``s`` data)."""
-        if s + 1 >= self.nsteps:
-            return False
-        nxt = self.schedule.step_arrays(s + 1)
-        for t in self.out_t[s]:
-            rows = np.flatnonzero((nxt.src == t.dst) & (nxt.src_buf == t.dst_buf))
-            lo, hi = t.recv_offset, t.recv_offset + t.count
-            if np.any((nxt.offset[rows] < hi) & (lo < nxt.offset[rows] + nxt.count[rows])):
-                return True
-        return False
+    def held_peers(self, s: int) -> set[int]:
+        """The peers this rank's step-``s`` sends to are held (:func:`.hold.held_pairs`)."""
+        st = self.schedule.step_arrays(s)
+        rows = held_pairs(self.schedule, s)
+        return set(st.dst[rows[st.src[rows] == self.rank]].tolist())
 
     def by_peer(self, s: int, sent: bool) -> dict[int, list[Transfer]]:
         """This rank's transfers of step ``s`` (sent or received) keyed by the other rank, in order."""

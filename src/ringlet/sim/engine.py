@@ -16,6 +16,8 @@ One step, for all its transfers at once (numpy arrays, no Python object per tran
   segment and both links have finished the earlier steps' transfers;
 * its first segment is in at ``t0 + τ``, its last at ``max(last[src] + τ, t0 + k·τ)`` (segments
   follow the sender's own arrivals, one link time apart);
+* a send the executor holds (:mod:`ringlet.algorithms.hold`) starts no earlier than its sender's
+  ``last`` and the arrival of the sender's own sends of the step before;
 * then the receiver's ``first``/``last`` become the max of their old values and the arrivals, and each
   link is ``busy`` until it has carried its own load of the step, ``t0 + k·α + m_link·b·β`` (the latest
   over its transfers): a transfer held back by its other link leaves this one partly idle.
@@ -32,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..algorithms.hold import held_pairs
 from ..algorithms.schedule import Schedule, StepArrays
 from ..tuning.network import INTER, INTRA, Network, Topology
 
@@ -70,6 +73,7 @@ class _State:
         self.first = np.zeros(p)
         self.last = np.zeros(p)
         self.busy = np.zeros(topology.nlinks)
+        self.sent = np.zeros(p)  # when each rank's sends of the step before were all in
         self.alpha = np.array([network[INTRA].alpha, network[INTER].alpha])
         self.beta = np.array([network[INTRA].beta, network[INTER].beta])
         self.gamma = network.gamma
@@ -101,8 +105,9 @@ class _State:
             per_segment = per_segment + np.where(red, nbytes / k * self.gamma * reducers[dst], 0.0)
         return _Costs(per_segment, alpha, wire, out_link, in_link, load)
 
-    def advance(self, st: StepArrays) -> None:
-        """Replay one step (all its transfers start from the state left by the earlier steps)."""
+    def advance(self, st: StepArrays, held: np.ndarray) -> None:
+        """Replay one step (all its transfers start from the state left by the earlier steps); the
+        transfers ``held`` (indices) wait for all of their sender's data and sends of the step before."""
         if len(st) == 0:
             return
         src = st.src.astype(np.intp, copy=False)
@@ -110,9 +115,14 @@ class _State:
         nbytes = st.count.astype(np.float64) * self.itemsize
         k = self._segments(nbytes)
         c = self._costs(st, src, dst, nbytes, k)
-        start = np.maximum(self.first[src], np.maximum(self.busy[c.out_link], self.busy[c.in_link]))
+        ready = self.first[src]
+        if len(held):
+            ready[held] = np.maximum(self.last[src[held]], self.sent[src[held]])
+        start = np.maximum(ready, np.maximum(self.busy[c.out_link], self.busy[c.in_link]))
         got_first = start + c.per_segment
         got_last = np.maximum(self.last[src] + c.per_segment, start + k * c.per_segment)
+        self.sent = np.zeros_like(self.sent)
+        np.maximum.at(self.sent, src, got_last)
         # A link is free again once it has carried its own load, which may be before the transfer ends:
         # a transfer held back by its other link leaves this one partly idle for the next step's.
         held = start + k * c.alpha
@@ -144,7 +154,7 @@ def replay(schedule: Schedule, topology: Topology, network: Network, *, itemsize
         transfers += len(st)
         if len(st):
             largest = max(largest, int(st.count.max()) * itemsize)
-        state.advance(st)
+        state.advance(st, held_pairs(schedule, s))
     seconds = float(state.last.max()) if schedule.nranks else 0.0
     if transfers:
         seconds += network.op  # the per-call software cost, once (as the cost model counts it)

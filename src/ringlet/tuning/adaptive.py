@@ -16,10 +16,12 @@ Protocol (every rank, at the same steps)::
         log(switch); timeline.mark(switch)
     bucket = adaptive.bucket_bytes                   # re-bucket when a "bucket_bytes" switch said so
 
-**Correction.** A measurement ``y`` of an all-reduce is compared with the model's terms for it under
-the calibrated constants ``x = (α_intra, α_inter, β_intra, β_inter, γ)`` parts (from
-:meth:`~ringlet.tuning.model.Model.predict`). The corrected model is the calibrated one with each
-constant scaled by a factor ``f_j``, so predicts ``x·f``. Factors are fitted by least squares on
+**Correction.** The corrected model is the calibrated one with each constant scaled by a factor
+``f_j``. A measurement ``y`` of an all-reduce is compared with the model's terms for it
+``(α_intra, α_inter, β_intra, β_inter, γ)`` (from :meth:`~ringlet.tuning.model.Model.predict`) under
+the corrected constants, each divided by its factor (``x``), so the corrected model predicts ``x·f``:
+the model is linear in its constants only piecewise (which resource binds a stage moves with them),
+so it is linearised at the current factors, and ``x`` is taken again whenever they change. Factors are fitted by least squares on
 relative errors (rows ``x/(x·f)``, targets ``y/(x·f)``) over a rolling window of this rank's last
 ``window`` measurements, weighted by age (half-life ``half_life`` measurements); a measurement whose
 ratio to the prediction is off the median of its neighbours (the two measurements of the same message
@@ -74,7 +76,7 @@ class Policy:
     window: int = 64
     half_life: float = 4.0
     outlier: float = 3.0
-    ridge: tuple[float, float, float] = (0.005, 0.0002, 0.002)  # for the α, β and γ factors
+    ridge: tuple[float, float, float] = (0.005, 0.002, 0.002)  # for the α, β and γ factors
     min_share: float = 0.1
     bounds: tuple[float, float] = (0.02, 50.0)
     bucket_sizes: tuple[int, ...] = tuple(MIB << i for i in range(7))  # 1..64 MiB
@@ -137,26 +139,31 @@ class Adaptive:
         messages and non-positive times are ignored."""
         if nbytes <= 0 or not seconds > 0 or not math.isfinite(seconds):
             return
+        key = (algorithm, int(nbytes), segment_bytes)
         try:
-            x = self._terms(algorithm, int(nbytes), segment_bytes)
+            x = self._terms(key)
         except ValueError:
             return
         seconds -= self.calibrated.op  # the per-call constant is not corrected: only what the features carry
         if sum(x) > 0 and seconds > 0:
-            self._samples.append((x, float(seconds)))
+            self._samples.append((key, float(seconds)))
 
     def record_backward(self, seconds: float) -> None:
         """This rank's backward time of one step (for bucket size proposals)."""
         if seconds > 0 and math.isfinite(seconds):
             self._backward.append(float(seconds))
 
-    def _terms(self, algorithm: str, nbytes: int, segment_bytes: int | None) -> tuple[float, ...]:
-        key = (algorithm, nbytes, segment_bytes)
+    def _terms(self, key: tuple) -> tuple[float, ...]:
+        """The message's terms per unit factor at the current factors: its parts under the fitted
+        constants, each divided by its factor (so that ``Σ x·factors`` is the fitted prediction). The
+        model is linear in its constants only piecewise (which resource binds a stage can change), so
+        the fit is linearised where it stands, not at the calibration."""
         x = self._features.get(key)
         if x is None:
+            algorithm, nbytes, segment_bytes = key
             pred = self.model.predict(Choice(algorithm, segment_bytes), nbytes, self.host_of, self.itemsize,
-                                      self.calibrated)
-            x = self._features[key] = tuple(pred.terms[f] for f in FEATURES)
+                                      self.fitted)
+            x = self._features[key] = tuple(pred.terms[f] / k for f, k in zip(FEATURES, self.factors))
             if len(self._features) > 4096:
                 self._features.pop(next(iter(self._features)))
         return x
@@ -165,12 +172,13 @@ class Adaptive:
         """This rank's contribution to the agreement (:data:`NUMBERS` floats) — sum over ranks, then
         :meth:`apply`."""
         rows = []
-        for x, y in self._samples:
+        for key, y in self._samples:
+            x = self._terms(key)
             pred = sum(a * f for a, f in zip(x, self.factors))
             rows.append(([a / pred for a in x], y / pred))
         n = len(rows)
         logs = [math.log(t) for _, t in rows]
-        near = _neighbours(logs, [x for x, _ in self._samples])
+        near = _neighbours(logs, [key for key, _ in self._samples])
         decay = 0.5 ** (1.0 / self.policy.half_life)
         mat, rhs, weight = [0.0] * len(_PAIRS), [0.0] * _F, 0.0
         for i, (a, t) in enumerate(rows):
@@ -219,7 +227,10 @@ class Adaptive:
                 mat[p][p] += r * weight / scale
                 rhs[p] += r * weight / scale  # towards the calibrated constants (factor 1)
         lo, hi = self.policy.bounds
-        self.factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
+        factors = [min(hi, max(lo, f)) for f in _solve(mat, rhs)]
+        if factors != self.factors:
+            self._features.clear()  # the terms are taken at the factors in force
+        self.factors = factors
         c, f = self.calibrated, self.factors
         # The endpoint prices are part of the α and β terms of the transfers that pay them: they move with
         # the α and β factors of the job's slower class (between hosts, when there are several).
@@ -293,7 +304,7 @@ class Adaptive:
 
 def _neighbours(logs: list[float], keys: list) -> list[float]:
     """Per measurement, the median log-ratio of its neighbours: the two measurements of the same message
-    (``keys``: its terms) before and after it, or, while it has fewer than two such neighbours, the two
+    (``keys``: the message's (algorithm, bytes, segment)) before and after it, or, while it has fewer than two such neighbours, the two
     measurements before and after it in order."""
     same: dict = collections.defaultdict(list)
     for i, key in enumerate(keys):

@@ -8,13 +8,16 @@ algorithm, so a new builder in :data:`ringlet.algorithms.ALLREDUCE` gets a cost 
 Timing model (``docs/cost_model.md``). A transfer of ``b`` bytes over link class ``c`` is cut into
 ``k = ceil(b/S)`` segments (``S`` = ``segment_bytes``; None: one segment). ``m`` = the most transfers
 of its step on a link it crosses. One segment takes ``α_c + (b/k)·m·β_c``, plus ``(b/k)·r·γ`` for a
-reducing transfer whose receiver takes ``r`` reducing transfers in the step (one CPU reduces them in turn). ``τ_s`` = step ``s``'s slowest segment. The schedule takes
+reducing transfer whose receiver takes ``r`` reducing transfers in the step (one CPU reduces them in
+turn). ``τ_s`` = step ``s``'s slowest segment. The schedule takes
 
-    Σ_s τ_s + max_r Σ_s (k_{r,s} − 1)·u_{r,s}
+    Σ_s τ_s + Σ_G max_r Σ_{s∈G} (k_{r,s} − 1)·u_{r,s}
 
-the first segment through every step (step-synchronously), then the remaining segments on the busiest
-*resource* ``r``: every link (``u`` = ``α_c + m·(b/k)·β_c`` of its largest transfer in step ``s``) and
-every rank's reduction (``u`` = its reducing receives × ``(b/k)·γ``). With one segment per transfer
+the first segment through every step (step-synchronously), then per *stage* ``G`` the remaining
+segments on its busiest *resource* ``r``. A stage ends where the executor holds a step's sends until
+the step before is done (:mod:`ringlet.algorithms.hold`): the pipeline drains there. Resources:
+every link (``u`` = ``α_c + m·(b/k)·β_c`` of its largest transfer in step ``s``) and every rank's
+reduction (``u`` = its reducing receives × ``(b/k)·γ``). With one segment per transfer
 this is ``Σ_s`` (step time), the α-β-γ textbook formulas. Where every step uses other links (a chain
 of dependent steps) it is ``Σ_s τ_s + (k−1)·max_s τ_s``; where steps reuse a link (a ring: every step
 on the same links) segmentation cannot beat the link's total load and only hides the reduction.

@@ -16,6 +16,11 @@ Two tables, both deduplicated:
   (endpoints, for processors) share it, and the largest one's fraction. They give the pipeline's
   steady state: the busiest resource's occupancy summed over the steps.
 
+Steps whose sends the executor holds until the step before is done (:mod:`ringlet.algorithms.hold`)
+start a new *stage*: the pipeline drains at a stage's end, so the steady state is taken per stage
+(the busiest resource of each stage, summed over the stages). Resource rows are sorted by stage, then
+by group; a group's rows within one stage form a *block*.
+
 At ``n`` elements a row's size is ``ceil(num·n/den)`` elements: exactly the largest block of an even
 split, so a signature built at a count where every split is even predicts the real schedule's time
 at any count where no block is empty.
@@ -27,6 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..algorithms.hold import held_steps
 from ..algorithms.schedule import Schedule
 from .network import INTER, INTRA, Network, Topology
 
@@ -100,8 +106,9 @@ class _Resources:
             out.append(np.stack([ids + base, np.full(len(ids), kind), load[ids], largest[ids]], 1))
         return np.concatenate(out)
 
-    def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(group start indices, rows of (kind, load, count)) grouped by resource profile."""
+    def rows(self, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(block start indices, first block of each stage, rows of (kind, load, count)): the rows in
+        order of ``stage[step]``, then resource group, then step; a group's rows in one stage are a block."""
         hashes, first = np.unique(self.hash, return_index=True)
         reps = first[hashes != 0]
         group = np.full(len(self.hash), -1, np.int64)
@@ -112,17 +119,24 @@ class _Resources:
             keep = g >= 0
             out.append(np.stack([g[keep], np.full(int(keep.sum()), s), codes[keep]], axis=1))
         table = np.concatenate(out) if out else np.zeros((0, 3), np.int64)
-        table = table[np.lexsort((table[:, 1], table[:, 0]))]
+        st = np.asarray(stage, np.int64)[table[:, 1]]
+        order = np.lexsort((table[:, 1], table[:, 0], st))
+        table, st = table[order], st[order]
         shape = np.array(sorted(self.codes, key=self.codes.get), np.int64).reshape(-1, 3)
-        starts = np.flatnonzero(np.r_[True, table[1:, 0] != table[:-1, 0]]) if len(table) else np.zeros(0, np.int64)
-        return starts, shape[table[:, 2]]
+        if not len(table):
+            return np.zeros(0, np.int64), np.zeros(1, np.int64), shape[table[:, 2]]
+        starts = np.flatnonzero(np.r_[True, (table[1:, 0] != table[:-1, 0]) | (st[1:] != st[:-1])])
+        block_stage = st[starts]
+        stages = np.flatnonzero(np.r_[True, block_stage[1:] != block_stage[:-1]])
+        return starts, stages, shape[table[:, 2]]
 
 
 @dataclass(frozen=True, eq=False)
 class Signature:
     """See the module doc. ``fanout``: the most transfers one rank sends in one step; ``messages``:
     transfers in the schedule. ``ends``: per step row, the step's message endpoints at the busier end
-    of the transfer, columns (one rank, one host, the job)."""
+    of the transfer, columns (one rank, one host, the job). ``rstarts``: the first resource row of each
+    block; ``sstarts``: the first block of each stage."""
 
     name: str
     nranks: int
@@ -136,7 +150,8 @@ class Signature:
     num: np.ndarray
     den: np.ndarray
     ends: np.ndarray     # (rows, 3) float: endpoints of the step per rank, host, job
-    rstarts: np.ndarray  # resource rows: first row of each group
+    rstarts: np.ndarray  # resource rows: first row of each block (a group within a stage)
+    sstarts: np.ndarray  # blocks: first block of each stage
     rkind: np.ndarray
     rload: np.ndarray
     rnum: np.ndarray
@@ -155,6 +170,7 @@ class Signature:
         if schedule.nranks != topology.size:
             raise ValueError(f"schedule {schedule.name!r} has {schedule.nranks} ranks, the topology {topology.size}")
         limit = max(64, 16 * schedule.nranks)
+        stage = np.cumsum(held_steps(schedule))
         steps, starts, messages, fanout = [], [], 0, 0
         resources = _Resources(topology)
         for s in range(schedule.num_steps):
@@ -174,12 +190,12 @@ class Signature:
             fanout = max(fanout, int(np.bincount(src).max()))
         t = np.concatenate(steps) if steps else np.zeros((0, 7), np.int64)
         num, den = fractions(t[:, 3], int(reference), limit)
-        rstarts, r = resources.rows()
+        rstarts, sstarts, r = resources.rows(stage)
         rnum, rden = fractions(r[:, 2], int(reference), limit)
         return Signature(schedule.name, schedule.nranks, schedule.num_steps, messages, fanout,
                          np.asarray(starts, np.int64), t[:, 0].astype(np.int8), t[:, 1].astype(np.float64),
                          t[:, 2].astype(np.float64), num, den, t[:, 4:7].astype(np.float64), rstarts,
-                         r[:, 0].astype(np.int8),
+                         sstarts, r[:, 0].astype(np.int8),
                          r[:, 1].astype(np.float64), rnum, rden)
 
     def _parts(self, n: int, network: Network, itemsize: int, segments: np.ndarray):
@@ -211,7 +227,7 @@ class Signature:
         return step, res
 
     def _groups(self, rem: np.ndarray) -> np.ndarray:
-        """Per (segment size, resource group): the summed ``rem`` of its rows (fixed summation order)."""
+        """Per (segment size, block): the summed ``rem`` of its rows (fixed summation order)."""
         if rem.shape[1] == 0:
             return np.zeros((rem.shape[0], 1))
         cs = np.concatenate([np.zeros((rem.shape[0], 1)), np.cumsum(rem, axis=1)], axis=1)
@@ -220,15 +236,15 @@ class Signature:
 
     def seconds(self, n: int, network: Network, itemsize: int, segments: np.ndarray) -> np.ndarray:
         """Predicted seconds at ``n`` elements for each segment size in ``segments`` (bytes; ``inf`` =
-        unsegmented): the network's per-call ``op``, the first segment through every step, then the
-        busiest resource's remaining segments. Nothing moves (no steps, ``n <= 0``): 0."""
+        unsegmented): the network's per-call ``op``, the first segment through every step, then per
+        stage the busiest resource's remaining segments. Nothing moves (no steps, ``n <= 0``): 0."""
         segments = np.asarray(segments, np.float64)
         if self.steps == 0 or n <= 0:
             return np.zeros(len(segments))
         (k, a, b, g), (rk, ra, rb, rg) = self._parts(n, network, itemsize, segments)
         tau = np.maximum.reduceat(a + b + g, self.starts, axis=1)
-        rem = self._groups((rk - 1.0) * (ra + rb + rg))
-        return np.cumsum(tau, axis=1)[:, -1] + rem.max(axis=1) + network.op
+        rem = np.maximum.reduceat(self._groups((rk - 1.0) * (ra + rb + rg)), self.sstarts, axis=1)
+        return np.cumsum(tau, axis=1)[:, -1] + rem.sum(axis=1) + network.op
 
     def terms(self, n: int, network: Network, itemsize: int, segment: float) -> tuple[dict, int]:
         """The α/β/γ/op parts of the time at one segment size (keys :data:`TERMS`; α and β also per link
@@ -243,10 +259,7 @@ class Signature:
         tau = np.maximum.reduceat(t, self.starts)
         idx = np.flatnonzero(t == tau[step_of])
         slow = idx[np.unique(step_of[idx], return_index=True)[1]]
-        rem = self._groups(((rk - 1.0) * (ra + rb + rg))[None, :])[0]
-        gi = int(np.argmax(rem))
-        lo, hi = self.rstarts[gi], (self.rstarts[gi + 1] if gi + 1 < len(self.rstarts) else len(rk))
-        rows = slice(lo, hi)
+        rows = self._busiest(self._groups(((rk - 1.0) * (ra + rb + rg))[None, :])[0], len(rk))
         w = rk[rows] - 1.0
         # Processors count with the links between hosts where the schedule crosses hosts, else within them.
         cpu = self.rkind[rows] >= RANK_CPU
@@ -267,6 +280,15 @@ class Signature:
         terms["op"] = network.op
         return terms, int(k.max())
 
+    def _busiest(self, rem: np.ndarray, nrows: int) -> np.ndarray:
+        """The resource rows of each stage's busiest block (by ``rem`` per block), in stage order."""
+        if not len(self.rstarts):
+            return np.zeros(0, np.int64)
+        ends = np.append(self.rstarts[1:], nrows)
+        stage_ends = np.append(self.sstarts[1:], len(rem))
+        picks = [lo + int(np.argmax(rem[lo:hi])) for lo, hi in zip(self.sstarts, stage_ends)]
+        return np.concatenate([np.arange(self.rstarts[b], ends[b]) for b in picks])
+
 
 class Stack:
     """Several signatures (e.g. every algorithm on one layout) evaluated in one pass: the same
@@ -278,6 +300,7 @@ class Stack:
             raise ValueError("a Stack needs signatures with steps")
         rows = np.cumsum([0] + [len(s.num) for s in signatures])[:-1]
         rrows = np.cumsum([0] + [len(s.rnum) for s in signatures])[:-1]
+        blocks = np.cumsum([0] + [len(s.rstarts) for s in signatures])[:-1]
         cat = np.concatenate
         self.all = Signature("stack", signatures[0].nranks, sum(s.steps for s in signatures),
                              sum(s.messages for s in signatures), max(s.fanout for s in signatures),
@@ -286,10 +309,11 @@ class Stack:
                              cat([s.num for s in signatures]), cat([s.den for s in signatures]),
                              cat([s.ends for s in signatures]),
                              cat([s.rstarts + r for s, r in zip(signatures, rrows)]),
+                             cat([s.sstarts + b for s, b in zip(signatures, blocks)]),
                              cat([s.rkind for s in signatures]), cat([s.rload for s in signatures]),
                              cat([s.rnum for s in signatures]), cat([s.rden for s in signatures]))
         self.step_bounds = np.cumsum([0] + [s.steps for s in signatures])
-        self.group_starts = np.cumsum([0] + [len(s.rstarts) for s in signatures])[:-1]
+        self.stage_bounds = np.cumsum([0] + [len(s.sstarts) for s in signatures])[:-1]
 
     def seconds(self, n: int, network: Network, itemsize: int, segments: np.ndarray) -> np.ndarray:
         """Predicted seconds, shape (signatures, segment sizes) (``n >= 1``)."""
@@ -299,5 +323,6 @@ class Stack:
         tau = np.maximum.reduceat(a + b + g, sig.starts, axis=1)
         cs = np.concatenate([np.zeros((len(segments), 1)), np.cumsum(tau, axis=1)], axis=1)
         fill = cs[:, self.step_bounds[1:]] - cs[:, self.step_bounds[:-1]]
-        rem = np.maximum.reduceat(sig._groups((rk - 1.0) * (ra + rb + rg)), self.group_starts, axis=1)
+        per_stage = np.maximum.reduceat(sig._groups((rk - 1.0) * (ra + rb + rg)), sig.sstarts, axis=1)
+        rem = np.add.reduceat(per_stage, self.stage_bounds, axis=1)
         return (fill + rem).T + network.op
