@@ -8,6 +8,9 @@ processors (``machine:2``) for a profile written before it was measured.
 
     python benchmarks/refit_predictions.py PROFILE.json BENCH.json [BENCH.json ...] --out-dir DIR [--cpus machine:2]
 
+``--as-is`` keeps the profile's constants and only predicts again: what a change of the model itself
+does to a sweep already measured (at the segments that sweep ran).
+
 Writes ``DIR/profile.json`` (the refitted profile) and, per input, ``DIR/<name>`` with the new predictions;
 ``benchmarks/prediction_error.py`` reads those.
 """
@@ -81,17 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("benches", nargs="+")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--cpus", default=None, help="SCOPE:CORES, e.g. machine:2 (default: the profile's)")
+    ap.add_argument("--as-is", action="store_true", help="keep the profile's constants (no refit)")
     args = ap.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     cpus = None
     if args.cpus:
         scope, _, cores = args.cpus.partition(":")
         cpus = Cpus(scope, float(cores or 1))
-    prof = refit(Profile.load(args.profile), cpus)
+    if args.as_is:
+        prof = Profile.load(args.profile)
+        prof.info["refit"] = {"as_is": True, "from": "benchmarks/refit_predictions.py"}
+    else:
+        prof = refit(Profile.load(args.profile), cpus)
+        fit = prof.info["refit"]
+        print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}, "
+              f"epsilon {fit['epsilon'] * 1e6:.1f} us, kappa {fit['kappa'] * 1e9:.4f} ns/B")
     prof.save(os.path.join(args.out_dir, os.path.basename(args.profile)))
-    fit = prof.info["refit"]
-    print(f"{args.profile}: op {fit['op'] * 1e6:.1f} us, alpha x{fit['alpha_scale']:.3f}, "
-          f"epsilon {fit['epsilon'] * 1e6:.1f} us, kappa {fit['kappa'] * 1e9:.4f} ns/B")
     for path in args.benches:
         n = repredict(prof, path, os.path.join(args.out_dir, os.path.basename(path)))
         print(f"  {path}: {n} rows re-predicted")
