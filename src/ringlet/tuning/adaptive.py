@@ -16,26 +16,26 @@ Protocol (every rank, at the same steps)::
         log(switch); timeline.mark(switch)
     bucket = adaptive.bucket_bytes                   # re-bucket when a "bucket_bytes" switch said so
 
-**Correction.** The corrected model is the calibrated one with each constant scaled by a factor
-``f_j``. A measurement ``y`` of an all-reduce is compared with the model's terms for it
-``(α_intra, α_inter, β_intra, β_inter, γ)`` (from :meth:`~ringlet.tuning.model.Model.predict`) under
-the corrected constants, each divided by its factor (``x``), so the corrected model predicts ``x·f``:
-the model is linear in its constants only piecewise (which resource binds a stage moves with them),
-so it is linearised at the current factors, and ``x`` is taken again whenever they change. Factors are fitted by least squares on
+**Correction.** The corrected model is the calibrated one with each constant scaled by a factor ``f_j``.
+A measurement ``y`` of an all-reduce is compared with the model's terms for it ``(α_intra, α_inter,
+β_intra, β_inter, γ)`` (from :meth:`~ringlet.tuning.model.Model.predict`) under the corrected constants,
+each divided by its factor (``x``), so the corrected model predicts ``x·f``: the model is linear in its
+constants only piecewise (which resource binds a stage moves with them), so it is linearised at the
+current factors, and ``x`` is taken again whenever they change. Factors are fitted by least squares on
 relative errors (rows ``x/(x·f)``, targets ``y/(x·f)``) over a rolling window of this rank's last
 ``window`` measurements, weighted by age (half-life ``half_life`` measurements); a measurement whose
 ratio to the prediction is off the median of its neighbours (the two measurements of the same message
 before and after it; the two in order while there are fewer) by more than ``outlier``× gets weight 0
 (one slow measurement does not move the model; a lasting change passes after two measurements of each
-message, also one that moves small and large messages' ratios apart for good). The normal
-equations are summed over ranks; :meth:`apply` solves them with a small ridge pulling towards the
-calibrated constants, stronger on α than on β (what the measured sizes cannot separate, e.g. α from β
-at nearby sizes, is put on the bandwidth: a link's rate is what changes while a job runs); a constant
-whose part of the measured times (under the current factors) is below ``min_share`` (root mean square)
-is held at its calibrated value: what the measurements cannot tell falls back to the calibration, not to
-a factor fitted earlier (possibly in a change's transient). The ridge is scaled like those parts, so
-its pull does not grow with a factor. The
-solve runs in plain Python arithmetic, so every rank gets the same factors bit for bit.
+message, also one that moves small and large messages' ratios apart for good). The normal equations are
+summed over ranks; :meth:`apply` solves them with a small ridge pulling towards the calibrated
+constants, stronger on α than on β (what the measured sizes cannot separate, e.g. α from β at nearby
+sizes, is put on the bandwidth: a link's rate is what changes while a job runs); a constant whose part
+of the measured times (under the current factors) is below ``min_share`` (root mean square) is held at
+its calibrated value: what the measurements cannot tell falls back to the calibration, not to a factor
+fitted earlier (possibly in a change's transient). The ridge is scaled like those parts, so its pull
+does not grow with a factor. The solve runs in plain Python arithmetic, so every rank gets the same
+factors bit for bit.
 
 **Switching.** The installed model (what ``"auto"`` uses) changes only at a switch: when, for some
 tracked op, the corrected model's best choice beats the installed model's choice (both predicted by
@@ -304,8 +304,8 @@ class Adaptive:
 
 def _neighbours(logs: list[float], keys: list) -> list[float]:
     """Per measurement, the median log-ratio of its neighbours: the two measurements of the same message
-    (``keys``: the message's (algorithm, bytes, segment)) before and after it, or, while it has fewer than two such neighbours, the two
-    measurements before and after it in order."""
+    (``keys``: the message's (algorithm, bytes, segment)) before and after it, or, while it has fewer
+    than two such neighbours, the two measurements before and after it in order."""
     same: dict = collections.defaultdict(list)
     for i, key in enumerate(keys):
         same[key].append(i)
