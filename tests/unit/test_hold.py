@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ringlet import algorithms
+from ringlet.algorithms import alltoall, binomial, ring
 from ringlet.algorithms.hold import held_pairs, held_steps
 from ringlet.algorithms.schedule import Schedule, ScheduleBuilder
 from ringlet.sim import replay
@@ -52,6 +53,22 @@ def test_held_pairs_follow_the_rule(algo, p, n):
             got = set(zip(st.src[rows].tolist(), st.dst[rows].tolist()))
             assert got == _reference(sched, s), (algo, p, n, host_of, s)
         assert held_steps(sched).tolist() == [bool(_reference(sched, s)) for s in range(sched.num_steps)]
+
+
+def _others(p: int) -> list[Schedule]:
+    counts = tuple(3 + r for r in range(p))
+    return [alltoall.pairwise(p, tuple(tuple(1 + (r + d) % 3 for d in range(p)) for r in range(p))),
+            binomial.broadcast(p, 17, p - 1), binomial.reduce(p, 17, 0), ring.reduce_scatter(p, counts),
+            ring.allgather(p, counts), ring.shift(p, counts)]
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_other_collectives_follow_the_rule(p):
+    for sched in _others(p):
+        for s in range(sched.num_steps):
+            st = sched.step_arrays(s)
+            rows = held_pairs(sched, s)
+            assert set(zip(st.src[rows].tolist(), st.dst[rows].tolist())) == _reference(sched, s), (sched.name, s)
 
 
 def test_known_schedules():
