@@ -20,16 +20,16 @@ import numpy as np
 
 from .schedule import Schedule, StepArrays
 
-__all__ = ["held_pairs", "held_steps"]
+__all__ = ["held_between", "held_pairs", "held_steps"]
 
 
 def held_pairs(schedule: Schedule, s: int) -> np.ndarray:
     """Indices into ``schedule.step_arrays(s)`` of the transfers whose sends are held (see the module
     doc); empty for step 0. ``IndexError`` outside ``0..num_steps-1``."""
     cur = schedule.step_arrays(s)
-    if s == 0 or len(cur.src) == 0:
+    if s == 0:
         return np.zeros(0, np.int64)
-    return _held(schedule.step_arrays(s - 1), cur, schedule.nranks)
+    return held_between(schedule.step_arrays(s - 1), cur, schedule.nranks)
 
 
 def held_steps(schedule: Schedule) -> np.ndarray:
@@ -38,12 +38,16 @@ def held_steps(schedule: Schedule) -> np.ndarray:
     prev = schedule.step_arrays(0) if schedule.num_steps else None
     for s in range(1, schedule.num_steps):
         cur = schedule.step_arrays(s)
-        out[s] = len(_held(prev, cur, schedule.nranks)) > 0
+        out[s] = len(held_between(prev, cur, schedule.nranks)) > 0
         prev = cur
     return out
 
 
-def _held(prev: StepArrays, cur: StepArrays, p: int) -> np.ndarray:
+def held_between(prev: StepArrays, cur: StepArrays, p: int) -> np.ndarray:
+    """:func:`held_pairs` for a caller that already holds the arrays of step ``s-1`` (``prev``) and
+    step ``s`` (``cur``) of a ``p``-rank schedule."""
+    if len(cur.src) == 0:
+        return np.zeros(0, np.int64)
     if np.array_equal(cur.src, prev.src) and np.array_equal(cur.dst, prev.dst):
         return np.zeros(0, np.int64)  # the same pairs as the step before (a ring): no new peer
     src, dst = cur.src.astype(np.int64), cur.dst.astype(np.int64)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..algorithms.hold import held_pairs
+from ..algorithms.hold import held_between
 from ..algorithms.schedule import Schedule, StepArrays
 from ..tuning.network import INTER, INTRA, Network, Topology
 
@@ -149,12 +149,14 @@ def replay(schedule: Schedule, topology: Topology, network: Network, *, itemsize
         raise ValueError(f"segment_bytes must be >= 1 or None, got {segment_bytes}")
     state = _State(topology, network, itemsize, segment_bytes)
     transfers = largest = 0
+    prev = None
     for s in range(schedule.num_steps):
         st = schedule.step_arrays(s)
         transfers += len(st)
         if len(st):
             largest = max(largest, int(st.count.max()) * itemsize)
-        state.advance(st, held_pairs(schedule, s))
+        state.advance(st, np.zeros(0, np.int64) if prev is None else held_between(prev, st, schedule.nranks))
+        prev = st
     seconds = float(state.last.max()) if schedule.nranks else 0.0
     if transfers:
         seconds += network.op  # the per-call software cost, once (as the cost model counts it)
