@@ -32,7 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..algorithms.hold import held_steps
+from ..algorithms.hold import held_between
 from ..algorithms.schedule import Schedule
 from .network import INTER, INTRA, Network, Topology
 
@@ -170,11 +170,13 @@ class Signature:
         if schedule.nranks != topology.size:
             raise ValueError(f"schedule {schedule.name!r} has {schedule.nranks} ranks, the topology {topology.size}")
         limit = max(64, 16 * schedule.nranks)
-        stage = np.cumsum(held_steps(schedule))
+        held, prev = np.zeros(schedule.num_steps, bool), None  # steps that start a stage
         steps, starts, messages, fanout = [], [], 0, 0
         resources = _Resources(topology)
         for s in range(schedule.num_steps):
             arr = schedule.step_arrays(s)
+            held[s] = prev is not None and len(held_between(prev, arr, schedule.nranks)) > 0
+            prev = arr
             src, dst = np.asarray(arr.src, np.int64), np.asarray(arr.dst, np.int64)
             count, red = np.asarray(arr.count, np.int64), np.asarray(arr.reduce, bool)
             inter, out, inl = topology.links(src, dst)
@@ -190,7 +192,7 @@ class Signature:
             fanout = max(fanout, int(np.bincount(src).max()))
         t = np.concatenate(steps) if steps else np.zeros((0, 7), np.int64)
         num, den = fractions(t[:, 3], int(reference), limit)
-        rstarts, sstarts, r = resources.rows(stage)
+        rstarts, sstarts, r = resources.rows(np.cumsum(held))
         rnum, rden = fractions(r[:, 2], int(reference), limit)
         return Signature(schedule.name, schedule.nranks, schedule.num_steps, messages, fanout,
                          np.asarray(starts, np.int64), t[:, 0].astype(np.int8), t[:, 1].astype(np.float64),
