@@ -52,7 +52,7 @@ def refit_kappa(profile: Profile, network, topology: Topology) -> float:
     if not large:
         return 0.0
     predict = large_call_predictor(network, topology, profile.info["large_calls"]["fit"]["bytes"],
-                                   {a: v["segment_bytes"] for a, v in large.items()})
+                                   {a: (v.get("algorithm", a), v["segment_bytes"]) for a, v in large.items()})
     return fit_kappa([v["measured"] for v in large.values()], predict,
                      max(network[c].beta for c in LINK_CLASSES) or 1e-9)
 

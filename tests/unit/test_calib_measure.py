@@ -128,10 +128,13 @@ def test_calibration_gives_every_rank_the_same_profile(name):
         assert all(v["measured"] > 0 and v["predicted"] >= 0 and v["endpoints"] > 0 for v in calls.values())
         # One process holds every rank here: one kernel, so the job's ranks share its processors.
         assert net.cpus.scope == ("machine" if len(set(host_of)) > 1 else "host") == fit["cpus"]["scope"]
-        # The per-byte price came from whole all-reduces of the plan's large size with both algorithms.
+        # The per-byte price came from whole all-reduces of the plan's large size with both algorithms,
+        # and the ring again cut into 32 messages per buffer.
         large = dict(first.info["large_calls"])
         assert large.pop("fit") == {"bytes": TINY.large_bytes, "kappa": net.kappa} and net.kappa >= 0
-        assert sorted(large) == ["halving_doubling", "ring"]
+        assert list(large) == ["ring", "halving_doubling", "ring_segmented"]
+        assert [v["algorithm"] for v in large.values()] == ["ring", "halving_doubling", "ring"]
+        assert large["ring_segmented"]["segment_bytes"] == TINY.large_bytes // 32
         assert all(v["measured"] > 0 and v["predicted"] > 0 and v["segment_bytes"] > 0 for v in large.values())
     else:
         assert net.op == 0 and first.info["per_call"] == {} and first.info["large_calls"] == {}

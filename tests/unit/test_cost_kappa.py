@@ -116,6 +116,60 @@ def test_fit_gives_zero_where_the_calls_load_processors_and_links_alike():
     assert _fit_against(MACHINE, FLAT4) == 0.0
 
 
+# The calls of `ringlet tune`'s step 7: the ring and halving-doubling whole, and the ring cut into 32
+# messages per buffer.
+THREE = (("ring", None), ("halving_doubling", None), ("ring", NB // 32))
+
+
+def _fit_three(truth: Network, topo: Topology, noise=(1.0, 1.0, 1.0)):
+    measured = [seconds(a, topo, truth, NB, seg) * f for (a, seg), f in zip(THREE, noise)]
+    base = dataclasses.replace(truth, kappa=0.0)
+    return fit_kappa(measured, lambda k: [seconds(a, topo, dataclasses.replace(base, kappa=k), NB, seg)
+                                          for a, seg in THREE], BE)
+
+
+# One rank per host on 2 shared cores, each message endpoint costing the processors 100 us.
+FLAT_EPS = dataclasses.replace(MACHINE, epsilon=1e-4)
+
+
+def test_small_segments_tell_a_processor_bound_on_one_rank_per_host():
+    # Processors just binding (4·kappa = 8.8 ns/B against the link's 8): whole calls only scale, but the
+    # ring in small segments pays its messages' price on the bytes' path. The two calls alone cannot
+    # tell; the third can.
+    truth = dataclasses.replace(FLAT_EPS, kappa=2.2e-9)
+    assert _fit_three(truth, FLAT4) == pytest.approx(2.2e-9, rel=1e-3)
+    whole = [(a, s) for a, s in THREE if s is None]
+    base = dataclasses.replace(truth, kappa=0.0)
+    assert fit_kappa([seconds(a, FLAT4, truth, NB, s) for a, s in whole],
+                     lambda k: [seconds(a, FLAT4, dataclasses.replace(base, kappa=k), NB, s) for a, s in whole],
+                     BE) == 0.0
+
+
+def test_small_segments_give_zero_where_the_links_explain_them():
+    links_only = dataclasses.replace(FLAT_EPS, kappa=0.0)
+    assert _fit_three(links_only, FLAT4) == 0.0
+    assert _fit_three(links_only, FLAT4, (1.05, 1.05, 1.05)) == 0.0  # all slower alike: one common factor
+    assert _fit_three(dataclasses.replace(HOST, epsilon=1e-4, kappa=0.0), TWO_BY_TWO) == 0.0
+
+
+def test_fit_keeps_kappa_from_a_real_one_rank_per_host_calibration():
+    # `ringlet tune` on 4 x 1 at 10 Gbit/s (session 25): the ring and halving-doubling whole (4 MiB
+    # segments) measured 54.2 and 60.4 ms, the ring in 512 KiB segments 73.4 ms, against 49.4, 48.0 and
+    # 57.5 predicted without kappa. The segmented call runs a quarter over the rest: its messages' price
+    # is on the bytes' path.
+    net = Network({INTER: LinkCost(2.1464e-4, 1.7444e-9), INTRA: LinkCost(2.1464e-4, 1.7444e-9)},
+                  gamma=8.4258e-11, cpus=Cpus("machine", 2.0), epsilon=1.3138e-4)
+    calls = (("ring", 4 << 20), ("halving_doubling", 4 << 20), ("ring", 512 << 10))
+
+    def predict(k):
+        return [seconds(a, FLAT4, dataclasses.replace(net, kappa=k), 16 << 20, seg) for a, seg in calls]
+
+    assert predict(0.0) == pytest.approx([0.0494, 0.0480, 0.0575], rel=5e-3)
+    kappa = fit_kappa([0.05423, 0.06039, 0.0734], predict, 1.7444e-9)
+    assert kappa == pytest.approx(5.0e-10, rel=0.05)
+    assert predict(kappa) == pytest.approx([0.0562, 0.0554, 0.0773], rel=0.01)
+
+
 def test_fit_keeps_kappa_where_it_explains_a_real_calibration():
     # `ringlet tune` on 2 x 2 at 10 Gbit/s over 2 shared cores (session 23): the ring measured 1.37x its
     # prediction without kappa, halving-doubling 1.03x. A common factor fits them with 1.7x kappa's

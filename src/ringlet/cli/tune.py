@@ -70,8 +70,8 @@ def _tune_in_job(out: str, plan: str) -> int:
         large = dict(info.get("large_calls", {}))
         kfit = large.pop("fit", None)
         for algorithm, v in large.items():
-            print(f"large call, {algorithm}: measured {v['measured'] * 1e3:.2f} ms, without kappa predicted "
-                  f"{v['predicted'] * 1e3:.2f} ms")
+            print(f"large call, {algorithm} ({v['segment_bytes'] >> 10} KiB segments): measured "
+                  f"{v['measured'] * 1e3:.2f} ms, without kappa predicted {v['predicted'] * 1e3:.2f} ms")
         if kfit:
             print(f"per-byte fit at {kfit['bytes'] >> 10} KiB: kappa {kfit['kappa'] * 1e9:.4f} ns/B (in the table)")
         for cls, fit in sorted(info["fit"].items()):

@@ -69,7 +69,7 @@ import statistics
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -295,22 +295,39 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     return dataclasses.replace(network, links=links, op=op, check=check, epsilon=epsilon), seen
 
 
-def large_call_predictor(network: Network, topology: Topology, nbytes: int, segments: dict[str, int]):
-    """``predict(kappa)``: the step-7 calls' predicted seconds under ``network`` with that ``kappa`` (each
-    algorithm of ``segments`` at its segment size, unchecked), as :func:`~ringlet.tuning.fit.fit_kappa`
-    takes it."""
+def large_call_predictor(network: Network, topology: Topology, nbytes: int, calls: dict[str, tuple[str, int]]):
+    """``predict(kappa)``: the step-7 calls' predicted seconds under ``network`` with that ``kappa``
+    (``calls``: label -> (algorithm, segment bytes), in order; unchecked), as
+    :func:`~ringlet.tuning.fit.fit_kappa` takes it."""
     def predict(kappa: float) -> list[float]:
         net = dataclasses.replace(network, kappa=kappa)
-        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=seg).seconds for a, seg in segments.items()]
+        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=seg).seconds for a, seg in calls.values()]
 
     return predict
 
 
-# The large calls of step 7: the same bytes through the processors, not (several ranks per host) the same
-# bytes over the uplinks.
-_LARGE_CALLS = ("ring", "halving_doubling")
+class LargeCall(NamedTuple):
+    """One whole all-reduce of step 7: ``algorithm``, at the executor's own segment (``pieces`` 0) or
+    cut into ``pieces`` messages per ``large_bytes`` (the same bytes as more, smaller messages)."""
+    label: str
+    algorithm: str
+    pieces: int = 0
+
+
+# The large calls of step 7. The ring and halving-doubling: the same bytes through the processors, not
+# (several ranks per host) the same bytes over the uplinks. The ring again in small segments: the same
+# bytes on every path as more messages, whose price per message the processors pay on the bytes' path
+# where they bind (one rank per host: the calls before cannot tell).
+LARGE_CALLS = (LargeCall("ring", "ring"), LargeCall("halving_doubling", "halving_doubling"),
+               LargeCall("ring_segmented", "ring", 32))
 # Timings of each, taken in turn; their median is used, as single large calls scatter on a shared machine.
 _LARGE_REPS = 7
+
+
+def _large_segment(prober: Prober, call: LargeCall, flat: torch.Tensor) -> int:
+    if not call.pieces:
+        return prober.segment(call.algorithm, flat)
+    return prober.capped(max(4, flat.numel() * flat.element_size() // call.pieces // 4 * 4))
 
 
 def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
@@ -322,18 +339,23 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
     if p < 2 or plan.large_bytes < 4:
         return network, {}
     flat, topology = torch.ones(plan.large_bytes // 4, dtype=torch.float32), Topology(host_of)
-    seen, measured, segments = {}, [], {a: prober.segment(a, flat) for a in _LARGE_CALLS}
-    predict = large_call_predictor(network, topology, plan.large_bytes, segments)
+    calls = {c.label: (c.algorithm, _large_segment(prober, c, flat)) for c in LARGE_CALLS}
+    predict = large_call_predictor(network, topology, plan.large_bytes, calls)
 
-    for algorithm in _LARGE_CALLS:
-        prober.time_allreduce(algorithm, flat, 1)  # builds, compiles, touches the buffers
-    # Alternated, so that a slow phase of a shared machine falls on both calls alike: kappa is read from
+    def timed(c: LargeCall) -> float:
+        return prober.time_allreduce(c.algorithm, flat, 1, segment=calls[c.label][1] if c.pieces else None)
+
+    for c in LARGE_CALLS:
+        timed(c)  # builds, compiles, touches the buffers
+    # Alternated, so that a slow phase of a shared machine falls on all calls alike: kappa is read from
     # how they differ.
-    mine = [prober.time_allreduce(a, flat, 1) for _ in range(_LARGE_REPS) for a in _LARGE_CALLS]
-    slowest = prober.gather(mine).max(axis=0).reshape(_LARGE_REPS, len(_LARGE_CALLS))
-    for j, (algorithm, without) in enumerate(zip(_LARGE_CALLS, predict(0.0))):
+    mine = [timed(c) for _ in range(_LARGE_REPS) for c in LARGE_CALLS]
+    slowest = prober.gather(mine).max(axis=0).reshape(_LARGE_REPS, len(LARGE_CALLS))
+    seen, measured = {}, []
+    for j, (c, without) in enumerate(zip(LARGE_CALLS, predict(0.0))):
         t = float(np.median(slowest[:, j]))
-        seen[algorithm] = {"measured": t, "predicted": without, "segment_bytes": segments[algorithm]}
+        seen[c.label] = {"algorithm": c.algorithm, "measured": t, "predicted": without,
+                         "segment_bytes": calls[c.label][1]}
         measured.append(t)
 
     scale = max(network[c].beta for c in LINK_CLASSES) or 1e-9

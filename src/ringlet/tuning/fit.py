@@ -202,6 +202,20 @@ _GOLD = (math.sqrt(5.0) - 1.0) / 2.0  # golden-section step
 _KAPPA_SPAN = 0.1
 
 
+def _span(free: np.ndarray, predict: Callable[[float], Sequence[float]], best: float, scale: float) -> float:
+    """How far (in log) a processor bound moves any call's predicted ratio to the first call's: the most
+    over the other calls and over two bounds, the fitted ``best`` and a full one (``4·scale``). A ring
+    against halving-doubling on several ranks per host shows it at the full bound; the same algorithm
+    in small segments against whole messages shows it at the fitted one, where the processors' price
+    per message, on the bytes' path, is no longer hidden under the links' time."""
+    out = 0.0
+    for kappa in (best, 4.0 * scale):
+        bound = np.asarray(predict(kappa), dtype=float)
+        if (bound > 0).all():
+            out = max(out, float(np.abs(np.log((free[0] / free[1:]) / (bound[0] / bound[1:]))).max()))
+    return out
+
+
 def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[float]], scale: float) -> float:
     """``kappa`` (s per byte at a message endpoint) from whole collectives of a large size: the value
     ``>= 0`` whose predictions ``predict(kappa)`` (one per call, in the order of ``measured``) have the
@@ -241,12 +255,11 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     # Below the value at which the processors bind, kappa changes no prediction: say 0, not noise.
     if losses[0] <= loss(best) * (1 + 1e-9):
         return 0.0
-    # kappa must explain how the calls differ, not only how slow all of them are: the layout must let it
-    # (a processor bound changes the calls' ratio), and one common factor on the predictions without it
-    # (links slower at length than the chains said) must fit worse.
-    free, bound = np.asarray(predict(0.0), dtype=float), np.asarray(predict(4.0 * scale), dtype=float)
-    if m.size < 2 or not ((free[:2] > 0).all() and (bound[:2] > 0).all()) \
-            or abs(math.log((free[0] / free[1]) / (bound[0] / bound[1]))) < _KAPPA_SPAN:
+    # kappa must explain how the calls differ, not only how slow all of them are: the layout must let it (a
+    # processor bound, full or as fitted, changes how some call compares with the first), and one common
+    # factor on the predictions without it (links slower at length than the chains said) must fit worse.
+    free = np.asarray(predict(0.0), dtype=float)
+    if m.size < 2 or not (free > 0).all() or _span(free, predict, best, scale) < _KAPPA_SPAN:
         return 0.0
     r = free / m
     common = float((((r.sum() / (r * r).sum()) * r - 1.0) ** 2).sum())

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..algorithms import ALLREDUCE
 from ..algorithms import barrier as barrier_schedules
 from ..algorithms.schedule import Schedule, ScheduleBuilder
 from ..engine import ops
@@ -106,19 +107,28 @@ class Prober:
             dsts[i % len(dsts)].add_(src)
         return (time.perf_counter() - t0) / repeat
 
-    def time_allreduce(self, algorithm: str, flat: torch.Tensor, repeat: int, checked: bool = False) -> float:
+    def time_allreduce(self, algorithm: str, flat: torch.Tensor, repeat: int, checked: bool = False,
+                       segment: int | None = None) -> float:
         """Seconds per all-reduce of ``flat`` with ``algorithm`` through the engine's operation
         (:func:`ringlet.engine.ops.allreduce_`: choice, schedule, executor, scaling) over ``repeat``
         back-to-back calls after a barrier (this rank's clock). ``checked``: each call first agrees on
-        its metadata record, as a checked collective does."""
+        its metadata record, as a checked collective does. ``segment``: instead, the algorithm's
+        schedule straight through the executor, its messages cut at this many bytes (a forced
+        algorithm at a forced segment, whatever an installed model would choose)."""
         red = reduction(ReduceOp.SUM)
         ch = self.rt.channel(self.group)
+        if segment is not None:
+            ch = dataclasses.replace(ch, segment_bytes=segment)
+            schedule = ALLREDUCE[algorithm](ch.size, flat.numel(), ch.group.host_of)
         self.barrier()
         t0 = time.perf_counter()
         for _ in range(repeat):
             if checked:
                 agree(ch, Meta.of("", Kind.ALLREDUCE, flat, op=ReduceOp.SUM, algorithm=algorithm))
-            ops.allreduce_(ch, flat, red, algorithm)
+            if segment is None:
+                ops.allreduce_(ch, flat, red, algorithm)
+            else:
+                ch.run(schedule, (flat,), red.combine)
         return (time.perf_counter() - t0) / repeat
 
     def segment(self, algorithm: str, flat: torch.Tensor) -> int:
@@ -129,8 +139,12 @@ class Prober:
         choice = select.allreduce_choice(algorithm, ch.size, flat.numel() * flat.element_size(), ch.group.host_of,
                                          select.Capabilities.of(ch.transport), select.installed(),
                                          flat.element_size())
-        seg, cap = choice.segment_bytes or ch.segment_bytes, getattr(ch.transport, "max_segment_bytes", None)
-        return min(seg, cap) if cap else seg
+        return self.capped(choice.segment_bytes or ch.segment_bytes)
+
+    def capped(self, segment: int) -> int:
+        """``segment`` capped by the transport's ``max_segment_bytes`` (bytes), as the executor caps it."""
+        cap = getattr(self.rt.channel(self.group).transport, "max_segment_bytes", None)
+        return min(segment, cap) if cap else segment
 
     def time_check(self, repeat: int) -> float:
         """Seconds per metadata agreement (what every checked collective does before its data moves:
