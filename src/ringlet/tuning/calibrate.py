@@ -48,13 +48,15 @@ Protocol (docs/tuning.md gives the reasons):
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 7. **Per byte.** Whole unchecked all-reduces of ``plan.large_bytes`` per rank with the ring and with
    halving-doubling — each rank sends and receives the same bytes in both, but on several ranks per
-   host halving-doubling puts fewer of them on the uplinks — are timed in turn, seven times each
-   (slowest rank, median), and :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors'
-   time per byte at a message endpoint: 0 where the links explain both, more where the processors are
-   what binds (many ranks on few cores), and 0 where the layout cannot tell a processor bound from a
-   slow link (one rank per host: both calls load processors and links alike) or one common factor
-   explains the two calls as well. ``info["large_calls"]`` keeps the timings, the predictions without
-   ``kappa`` and the fit.
+   host halving-doubling puts fewer of them on the uplinks — and the ring again cut into 32 messages
+   per buffer (the same bytes as more messages) are timed in turn, seven times each (slowest rank,
+   median), and :func:`~ringlet.tuning.fit.fit_kappa` gives ``kappa``, the processors' time per byte
+   at a message endpoint: 0 where the links explain all three, more where the processors are what
+   binds, and 0 where no call compares with the first differently under a processor bound (then it
+   cannot be told from a slow link) or one common factor explains the calls as well. With one rank
+   per host only the segmented call can tell: where the processors bind, they pay each message's
+   price on the bytes' path. ``info["large_calls"]`` keeps, per call, the algorithm, segment,
+   timing and the prediction without ``kappa``, and the fit.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
