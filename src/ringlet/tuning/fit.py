@@ -197,8 +197,8 @@ def fit_per_call(calls: Sequence[tuple[float, float, float, float]]) -> tuple[fl
 
 
 _GOLD = (math.sqrt(5.0) - 1.0) / 2.0  # golden-section step
-# Below this change (in log) of the calls' predicted ratio between no processor bound and a full one, a
-# processor bound only scales them (one rank per host): kappa cannot be told from slow links there.
+# Below this change (in log) of every call's predicted ratio to the first, between no processor bound and
+# a full or the fitted one, a processor bound only scales the calls: it cannot be told from slow links.
 _KAPPA_SPAN = 0.1
 
 
@@ -222,12 +222,13 @@ def fit_kappa(measured: Sequence[float], predict: Callable[[float], Sequence[flo
     least summed squared relative error against ``measured``. ``scale`` is the size of a plausible value
     (the slowest link class's β): candidates run from 0 through ``4·scale`` on a geometric grid, then
     the best is refined between its neighbours. Calls that make the processors handle the same bytes
-    but put different amounts on the links (a ring against halving-doubling on several ranks per host)
-    tell a processor bound from a slow link; where the links explain them, the answer is 0. So is it
-    where the calls are alike in how they load processors and links (one rank per host): then a
-    processor bound moves their predictions in proportion (the ratio of the first two at ``4·scale``
-    differs from the one at 0 by under ``_KAPPA_SPAN`` in log), and what they say is only that both run
-    slower than the chains' constants, which is no evidence about processors. Where they differ,
+    but put different amounts on the links (a ring against halving-doubling on several ranks per host),
+    or the same bytes as more messages (the ring in small segments), tell a processor bound from a
+    slow link; where the links explain them, the answer is 0. So is it where the calls are alike in
+    how they load processors and links (two whole calls on one rank per host): then a processor bound
+    moves their predictions in proportion (no call's ratio to the first, at ``4·scale`` or at the best
+    value, differs from the one at 0 by ``_KAPPA_SPAN`` in log), and what they say is only that all
+    run slower than the chains' constants, which is no evidence about processors. Where they differ,
     ``kappa`` must still fit better than one common factor on the predictions without it.
     ``ValueError`` for no calls, a timing that is not finite and > 0, or ``scale <= 0``."""
     m = np.asarray(measured, dtype=float)
