@@ -168,6 +168,44 @@ def test_shutdown_drains_agreed_ops():
         assert torch.equal(out, torch.full((3,), 2.0))
 
 
+def test_one_rank_survives_a_lost_wake_from_the_execution_thread():
+    """On one rank the coordinator sleeps until woken; the execution thread's wake after it takes a batch
+    may read no held ops (a stale read). Here every such wake is lost: held ops still go out."""
+    hvd.init()
+    ctx = context()
+    coord = ctx.coordinator
+    coord._exec._on_move = lambda: None
+    started, release = threading.Event(), threading.Event()
+    real = coord.runner.allreduce
+
+    def allreduce(g, items):
+        started.set()
+        release.wait(30)
+        return real(g, items)
+
+    coord.runner.allreduce = allreduce
+    try:
+        h1 = mpi_ops.allreduce_async(torch.ones(3), name="running", op=hvd.Sum)
+        assert started.wait(30)
+        h2 = mpi_ops.allreduce_async(torch.ones(3), name="queued", op=hvd.Sum)
+        deadline = time.monotonic() + 30
+        while not coord._exec.waiting() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        h3 = mpi_ops.allreduce_async(torch.ones(3), name="held", op=hvd.Sum)
+        while not coord._held and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert coord._exec.waiting() and coord._held
+        release.set()
+        done = threading.Event()
+        threading.Thread(target=lambda: (ctx.handles.wait(h3), done.set()), daemon=True).start()
+        assert done.wait(10), "a held op waited for a wake that was lost"
+        for h in (h1, h2):
+            assert torch.equal(ctx.handles.wait(h), torch.ones(3))
+    finally:
+        release.set()
+        hvd.shutdown()
+
+
 @pytest.mark.parametrize("capacity", ["3", "0"])
 def test_small_or_no_cache_with_a_process_set(monkeypatch, capacity):
     """Cache of 3: w0, w1 (world) and s (set {0, 2}) fill it and are agreed by their bits; then a new name

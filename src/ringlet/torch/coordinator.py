@@ -167,8 +167,12 @@ class Coordinator:
         if self._spill or self._stop or self._exec.error is not None:
             return
         if self.ctx.world.size == 1:
-            # Nobody to negotiate with: a round is only needed when something was submitted (or stop).
-            self._wake.wait()
+            # Nobody to negotiate with: a round is only needed when something was submitted (or stop),
+            # or when held ops can be handed over. The execution thread's wake may read _held stale,
+            # so while ops are held the wait is bounded.
+            if self._held and not self._exec.waiting():
+                return
+            self._wake.wait(self.idle_max if self._held else None)
             return
         if (self._held and self._exec.waiting()) or self._quiet():
             # Nothing can be handed over before our queue moves / no round can agree anything before
