@@ -1,5 +1,5 @@
 """Dynamic adjustment: corrections from measured collectives, switches with hysteresis, bucket sizes,
-identical decisions on every rank."""
+re-trials where the model cannot attribute a move, identical decisions on every rank."""
 import math
 import random
 
@@ -12,6 +12,12 @@ from ringlet.tuning.network import INTER, INTRA, LinkCost, Network
 BASE = Network.of(link="1gbit", latency="50us", gamma=0.25e-9)
 SLOW = Network({INTRA: BASE[INTRA], INTER: LinkCost(BASE[INTER].alpha, BASE[INTER].beta * 10)}, BASE.gamma)
 POLICY = Policy(confirmations=3, min_steps=10)
+RETRIAL = Policy(confirmations=3, min_steps=10, retrial=1.4)
+
+
+def scaled(net, k):
+    """Every constant of ``net`` times ``k``: every time moves alike, no choice changes."""
+    return Network({c: LinkCost(net[c].alpha * k, net[c].beta * k) for c in (INTRA, INTER)}, net.gamma * k)
 
 
 def layout(hosts, per_host):
@@ -80,6 +86,38 @@ def test_sizes_far_apart_separate_latency_from_bandwidth():
     assert f[3] == pytest.approx(10, rel=0.15) and f[1] == pytest.approx(1, rel=0.25)
 
 
+@pytest.mark.parametrize("host_of", [layout(4, 1), layout(2, 2), layout(5, 1), layout(4, 2)], ids=str)
+def test_a_move_the_model_cannot_attribute_asks_for_a_trial(host_of):
+    """Every constant 2x from step 20 and back at 50: nothing is worth a switch, so the corrector asks for
+    a trial after each move (within the bound), once, and installs its corrected constants with it."""
+    ops = {f"op{k}": 1 << k for k in range(10, 26, 3)}
+    world = World(2, host_of, ops, policy=RETRIAL)
+    events = []
+    for step in range(90):
+        events += [(step, e) for e in world.step(step, scaled(BASE, 2.0) if 20 <= step < 50 else BASE)]
+    assert [e.op for _, e in events] == ["trial", "trial"]
+    (first, up), (second, down) = events
+    assert 20 <= first <= 20 + RETRIAL.confirmations + 2 and 50 <= second <= 50 + RETRIAL.confirmations + 2
+    ratios = [float(x[1:]) for x in (up.old, up.new, down.old, down.new)]  # against the installed constants,
+    assert ratios == pytest.approx([1, 2, 1, 0.5], rel=0.1)                  # which the first trial corrected
+    assert "trial" in up.reason
+    assert world.models[0].network == world.ranks[0].installed != world.ranks[0].calibrated
+
+
+@pytest.mark.parametrize("host_of", [layout(4, 1), layout(2, 2), layout(5, 1), layout(4, 2)], ids=str)
+def test_a_move_the_model_can_attribute_switches_without_a_trial(host_of):
+    ops = ops_that_flip(host_of, [1 << k for k in range(8, 27)])
+    world = World(4, host_of, ops, policy=RETRIAL)
+    ops_switched = {e.op for step in range(60) for e in world.step(step, BASE if step < 20 else SLOW)}
+    assert ops_switched and "trial" not in ops_switched
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noise_and_spikes_ask_for_no_trial(seed):
+    world = World(2, layout(2, 2), {f"op{k}": 1 << k for k in range(10, 26, 3)}, seed=seed, policy=RETRIAL)
+    assert all(world.step(step, BASE, noise=0.15, spike=0.05) == [] for step in range(150))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_noise_and_spikes_do_not_flap(seed):
     host_of = layout(2, 2)
@@ -145,7 +183,7 @@ def test_bad_input():
     with pytest.raises(ValueError):
         a.set_gradient(0, 1)
     for bad in ({"margin": 1.0}, {"confirmations": 0}, {"outlier": 1.0}, {"bounds": (2.0, 3.0)},
-                {"bucket_sizes": ()}):
+                {"bucket_sizes": ()}, {"retrial": 1.0}, {"retrial": 0.5}):
         with pytest.raises(ValueError):
             Policy(**bad)
 
@@ -163,3 +201,21 @@ def test_the_per_call_constant_is_taken_off_before_correcting():
             a.record(choice.algorithm, n, model.seconds(choice, n, host_of), choice.segment_bytes)
         a.apply(a.numbers(), step)
     assert a.factors == pytest.approx([1.0] * 5, abs=1e-6) and a.fitted.op == base.op
+
+
+def test_the_link_hypothesis_keeps_the_processors_calibrated():
+    """``link_network``: the corrected links with ``epsilon`` and ``kappa`` as calibrated (the corrected
+    model moves them with the links between hosts)."""
+    base = Network(BASE.links, BASE.gamma, epsilon=20e-6, kappa=0.5e-9)
+    slow = Network(SLOW.links, SLOW.gamma, epsilon=20e-6, kappa=0.5e-9)
+    host_of = layout(4, 1)
+    model = select.Model(base)
+    a = Adaptive(model, host_of, policy=POLICY)
+    for step in range(12):
+        for n in (1 << 16, 1 << 22, 1 << 25):
+            choice = model.choose(n, host_of)
+            a.record(choice.algorithm, n, model.seconds(choice, n, host_of, network=slow), choice.segment_bytes)
+        a.apply(a.numbers(), step)
+    link = a.link_network()
+    assert a.fitted.kappa > base.kappa and a.fitted.epsilon != base.epsilon  # moved with the links' factors
+    assert (link.kappa, link.epsilon) == (base.kappa, base.epsilon) and link.links == a.fitted.links

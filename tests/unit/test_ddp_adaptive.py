@@ -18,6 +18,7 @@ from conftest import run_world
 
 from ringlet import timeline
 from ringlet.torch.training import Adapt, DistributedDataParallel, Priority
+from ringlet.torch.training import ddp as ddp_module
 from ringlet.torch.training.adapt import Adjuster
 from ringlet.torch.training.buckets import BucketSet, BucketSets
 from ringlet.tuning import select
@@ -255,3 +256,41 @@ def test_the_step_tuner_decides_first_and_gives_way_at_the_first_switch(model, m
     handover = next(a for a in ddp.switches if a.switch.op == "algorithm")
     assert (handover.switch.old, handover.switch.new) == (chosen, "auto")
     assert all(summary(d) == summary(ddp) for _, d, *_ in runs)
+
+
+# ---- a re-trial where the model cannot attribute a move ----------------------------------------------------------
+def test_a_move_the_model_cannot_attribute_puts_the_algorithms_on_trial_again(model, monkeypatch):
+    """Every constant 3x from step 30: no choice is worth a switch, so the corrector asks for a trial; the
+    step tuner times ``"auto"`` and the model's best other algorithms again (its clock faked so that the
+    last candidate wins each trial), and its decision is reported as an ``algorithm`` switch from what ran
+    before; every rank alike, rounds paused meanwhile."""
+    slow = Network({c: LinkCost(BASE[c].alpha * 3, BASE[c].beta * 3) for c in (INTRA, INTER)}, BASE.gamma * 3)
+    synthetic(monkeypatch, truth=lambda step: slow if step >= 30 else BASE)
+    real = ddp_module.StepTuner
+
+    def tuner(candidates, sum_across_ranks):
+        t, out = [0.0], real(candidates, sum_across_ranks)
+
+        def clock():
+            t[0] += 0.5 if out.choice.current() == candidates[-1] else 1.0
+            return t[0]
+
+        out._clock = clock
+        return out
+
+    monkeypatch.setattr(ddp_module, "StepTuner", tuner)
+    policy = Policy(confirmations=3, min_steps=10, half_life=16, bucket_sizes=(CAP,), retrial=1.4)
+
+    def fn(rank):
+        _, ddp = train(rank, steps=80, tune=True, adapt=Adapt(EVERY, policy))
+        return ddp, ddp._tuner.candidates, ddp.algorithm
+
+    runs = run_world(4, fn)
+    ddp, candidates, now = runs[0]
+    assert all(summary(d) == summary(ddp) for d, *_ in runs)
+    ops = [(a.step, a.switch.op, a.switch.old, a.switch.new) for a in ddp.switches]
+    trial = next(i for i, (_, op, _, _) in enumerate(ops) if op == "trial")
+    assert 30 <= ops[trial][0] <= 30 + BOUND and all(op != "trial" for _, op, _, _ in ops[trial + 1:])
+    step, op, old, new = ops[trial + 1]  # the re-trial's decision
+    assert op == "algorithm" and step > ops[trial][0] and new == candidates[-1] and candidates[0] == "auto"
+    assert now == candidates[-1]

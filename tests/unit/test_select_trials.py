@@ -2,7 +2,7 @@
 import pytest
 
 from ringlet.tuning import TrialPlan, select
-from ringlet.tuning.network import Network
+from ringlet.tuning.network import INTER, INTRA, LinkCost, Network
 
 NET = Network.of(link="1gbit", latency="50us", gamma=0.25e-9)
 BUCKETS = (25 << 20, 25 << 20, 7 << 20)
@@ -32,6 +32,23 @@ def test_ranked_by_total_predicted_time():
         return sum(model.best(b, host_of, algorithm=a).seconds for b in BUCKETS)
 
     assert [total(a) for a in top] == sorted(total(a) for a in top)
+
+
+def test_ranked_with_other_constants_when_given():
+    """A re-trial ranks the alternatives under the corrected constants (``network``), while what ``"auto"``
+    picks stays the installed model's."""
+    model, host_of = select.Model(NET), (0, 0, 1, 1)
+    fast = Network({INTRA: NET[INTRA], INTER: LinkCost(NET[INTER].alpha, NET[INTER].beta / 20)}, NET.gamma)
+    mine = model.top_algorithms(BUCKETS, host_of, count=6, network=fast)
+    assert mine != model.top_algorithms(BUCKETS, host_of, count=6)  # a 20x faster link between hosts reorders
+
+    def total(a):
+        return sum(model.best(b, host_of, algorithm=a, network=fast).seconds for b in BUCKETS)
+
+    assert [total(a) for a in mine] == sorted(total(a) for a in mine)
+    plan = TrialPlan("auto", 4, timing=True, factors=False, model=model, buckets=BUCKETS, host_of=host_of,
+                     network=fast)
+    assert plan.candidates() == ("auto",) + mine[:2]
 
 
 def test_without_a_model_or_when_not_tuning_nothing_changes():

@@ -44,6 +44,19 @@ last switch is at least ``min_steps`` steps back. Then the corrected constants a
 :class:`Switch` per tracked op whose choice changed is returned. The bucket size follows the same
 rule with its own streak: the proposal minimises the communication left after the backward pass
 (buckets become ready uniformly over the measured backward time and are reduced one after another).
+
+**Re-trial.** The corrector only measures what runs, and from one algorithm's times it cannot always
+tell which constant moved: a slower link between hosts and processors busier with the training both
+slow the ring, and the constants that take the blame decide which algorithm looks better. So, with
+``retrial`` set, it also watches the measured times against what the installed model expected of the
+same messages (the mean log ratio per round, summed over the ranks). Once that level has moved by more
+than ``retrial``× from where it stood after the last switch, at ``confirmations`` consecutive rounds
+(rounds where the corrected model is on its way to a switch of its own are not counted: that switch
+comes first) and ``min_steps`` after the last such event, :meth:`apply` installs the corrected
+constants and returns a ``"trial"`` :class:`Switch`. The caller should time its candidates again (the
+DDP puts ``"auto"`` on trial against the best other algorithms under :meth:`link_network`): that
+measures what the model cannot attribute. The level is re-anchored after every switch, skipping the
+round that straddles it.
 """
 from __future__ import annotations
 
@@ -62,7 +75,11 @@ __all__ = ["Adaptive", "Policy", "Switch", "FEATURES", "NUMBERS"]
 FEATURES = (f"alpha.{INTRA}", f"alpha.{INTER}", f"beta.{INTRA}", f"beta.{INTER}", "gamma")
 _F = len(FEATURES)
 _PAIRS = [(i, j) for i in range(_F) for j in range(i, _F)]
-NUMBERS = len(_PAIRS) + _F + 3  # normal matrix (upper triangle), right-hand side, weight, backward sum and count
+# normal matrix (upper triangle), right-hand side, weight, backward sum and count, log-ratio sum and count
+_WEIGHT = len(_PAIRS) + _F
+_BACKWARD = _WEIGHT + 1
+_DRIFT = _BACKWARD + 2
+NUMBERS = _DRIFT + 2
 MIB = 1 << 20
 
 
@@ -80,12 +97,13 @@ class Policy:
     min_share: float = 0.1
     bounds: tuple[float, float] = (0.02, 50.0)
     bucket_sizes: tuple[int, ...] = tuple(MIB << i for i in range(7))  # 1..64 MiB
+    retrial: float = 0.0  # > 1: the ratio of measured to expected times that asks for a trial; 0: never
 
     def __post_init__(self) -> None:
         if not (0 <= self.margin < 1 and self.confirmations >= 1 and self.min_steps >= 0 and self.window >= 1
                 and self.half_life > 0 and self.outlier > 1 and len(self.ridge) == 3 and min(self.ridge) > 0 and 0 <= self.min_share < 1
                 and 0 < self.bounds[0] < 1 < self.bounds[1] and self.bucket_sizes
-                and all(b >= 1 for b in self.bucket_sizes)):
+                and all(b >= 1 for b in self.bucket_sizes) and (self.retrial == 0 or self.retrial > 1)):
             raise ValueError(f"policy out of range: {self}")
 
 
@@ -119,8 +137,12 @@ class Adaptive:
         self._ops: dict[str, int] = {}
         self._gradient: int | None = None
         self.bucket_bytes: int | None = None
-        self._streak = {"model": 0, "bucket": 0}
-        self._last = {"model": -math.inf, "bucket": -math.inf}
+        self._streak = {"model": 0, "bucket": 0, "trial": 0}
+        self._last = {"model": -math.inf, "bucket": -math.inf, "trial": -math.inf}
+        self._expected: dict = {}          # message -> the installed model's seconds for it (op taken off)
+        self._drift = [0.0, 0.0]           # this rank's log(measured / expected) sum and count since the last round
+        self._anchor: float | None = None  # the level after the last switch
+        self._settle = 0                   # rounds to skip before anchoring
 
     # ---- local measurements -------------------------------------------------------------------
     def track(self, ops: Mapping[str, int]) -> None:
@@ -147,6 +169,10 @@ class Adaptive:
         seconds -= self.calibrated.op  # the per-call constant is not corrected: only what the features carry
         if sum(x) > 0 and seconds > 0:
             self._samples.append((key, float(seconds)))
+            expected = self._expect(key)
+            if expected > 0:
+                self._drift[0] += math.log(seconds / expected)
+                self._drift[1] += 1.0
 
     def record_backward(self, seconds: float) -> None:
         """This rank's backward time of one step (for bucket size proposals)."""
@@ -167,6 +193,17 @@ class Adaptive:
             if len(self._features) > 4096:
                 self._features.pop(next(iter(self._features)))
         return x
+
+    def _expect(self, key: tuple) -> float:
+        """What the installed constants predict for the message (the per-call constant taken off)."""
+        t = self._expected.get(key)
+        if t is None:
+            algorithm, nbytes, segment_bytes = key
+            t = self._expected[key] = self.model.seconds(Choice(algorithm, segment_bytes), nbytes, self.host_of,
+                                                         self.itemsize, self.installed) - self.calibrated.op
+            if len(self._expected) > 4096:
+                self._expected.pop(next(iter(self._expected)))
+        return t
 
     def numbers(self) -> list[float]:
         """This rank's contribution to the agreement (:data:`NUMBERS` floats) — sum over ranks, then
@@ -190,7 +227,7 @@ class Adaptive:
             for p in range(_F):
                 rhs[p] += w * a[p] * t
             weight += w
-        return mat + rhs + [weight, sum(self._backward), float(len(self._backward))]
+        return mat + rhs + [weight, sum(self._backward), float(len(self._backward))] + self._drift
 
     # ---- agreed decisions ---------------------------------------------------------------------------
     def apply(self, summed: Sequence[float], step: int) -> list[Switch]:
@@ -202,12 +239,15 @@ class Adaptive:
         summed = [float(v) for v in summed]
         self._fit(summed)
         events = self._algorithms(step)
-        if summed[-1] > 0:
-            events += self._bucket(step, summed[-2] / summed[-1])
+        if summed[_BACKWARD + 1] > 0:
+            events += self._bucket(step, summed[_BACKWARD] / summed[_BACKWARD + 1])
+        if self.policy.retrial:
+            events += self._retrial(step, summed[_DRIFT], summed[_DRIFT + 1], bool(events))
+        self._drift = [0.0, 0.0]
         return events
 
     def _fit(self, summed: list[float]) -> None:
-        weight = summed[len(_PAIRS) + _F]
+        weight = summed[_WEIGHT]
         if not weight > 0:
             return
         mat = [[0.0] * _F for _ in range(_F)]
@@ -240,6 +280,12 @@ class Adaptive:
                       INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, gamma=c.gamma * f[4],
             epsilon=c.epsilon * f[slower], kappa=c.kappa * f[2 + slower])
 
+    def link_network(self) -> Network:
+        """The corrected constants with the processors' (``epsilon``, ``kappa``) at calibration: the
+        hypothesis that what moved is the links. A re-trial ranks its alternatives with it, so that the
+        trial measures the algorithms a slower link would favour beside what ``"auto"`` runs."""
+        return dataclasses.replace(self.fitted, epsilon=self.calibrated.epsilon, kappa=self.calibrated.kappa)
+
     def _due(self, kind: str, better: bool, step: int) -> bool:
         """Hysteresis: ``better`` at enough consecutive agreements, and far enough from the last switch."""
         self._streak[kind] = self._streak[kind] + 1 if better else 0
@@ -264,6 +310,7 @@ class Adaptive:
             return []
         m.set_network(self.fitted)
         self.installed = self.fitted
+        self._expected.clear()
         scale = ", ".join(f"{name} x{f:.2f}" for name, f in zip(FEATURES, self.factors) if f != 1.0)
         events = []
         for key, old in before.items():
@@ -300,6 +347,36 @@ class Adaptive:
         return [Switch("bucket_bytes", str(old), str(best),
                        f"exposed communication {now * 1e3:.3f} ms -> {cost[best] * 1e3:.3f} ms "
                        f"(backward {backward * 1e3:.1f} ms)")]
+
+
+    def _retrial(self, step: int, total: float, count: float, switched: bool) -> list[Switch]:
+        """A ``"trial"`` switch when the measured times moved against the installed model's (module doc)."""
+        if switched:
+            self._anchor, self._settle = None, 1
+            return []
+        if count <= 0:
+            return []
+        level = total / count
+        if self._settle:
+            self._settle -= 1
+            return []
+        if self._anchor is None:
+            self._anchor = level
+            return []
+        if abs(level - self._anchor) <= math.log(self.policy.retrial):
+            self._streak["trial"] = 0
+            return []
+        if self._streak["model"] or self._streak["bucket"]:
+            return []  # the model is about to act on it: its switch comes first (the streak waits)
+        if not self._due("trial", True, step):
+            return []
+        old, self._anchor, self._settle = self._anchor, None, 1
+        self.model.set_network(self.fitted)  # what "auto" runs on trial, and what plans the candidates
+        self.installed = self.fitted
+        self._expected.clear()
+        return [Switch("trial", f"x{math.exp(old):.2f}", f"x{math.exp(level):.2f}",
+                       f"measured all-reduce times moved from x{math.exp(old):.2f} to x{math.exp(level):.2f} "
+                       "of the installed model's: the algorithms go on trial again")]
 
 
 def _neighbours(logs: list[float], keys: list) -> list[float]:

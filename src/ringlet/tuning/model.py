@@ -210,19 +210,20 @@ class Model:
         return self.cost(choice.algorithm, host_of).predict(nbytes, net, itemsize, choice.segment_bytes)
 
     def top_algorithms(self, sizes: Sequence[int], host_of: Sequence[int], itemsize: int = 4,
-                       count: int = 2) -> tuple[str, ...]:
+                       count: int = 2, network: Network | None = None) -> tuple[str, ...]:
         """The ``count`` algorithms of least total predicted time over messages of ``sizes`` bytes, each
         at its best segment size per message, leaving out an algorithm that ``"auto"`` would pick for
         every message anyway (it adds nothing beside ``"auto"``). For trials, which measure what the
         model cannot see: ``max_fanout`` does not apply, but on more than 8 ranks an algorithm in which
-        a rank sends to every other rank at once is left out."""
+        a rank sends to every other rank at once is left out. ``network``: predict with these constants
+        instead of the model's (what ``"auto"`` picks stays the model's)."""
         if not sizes:
             return ()
         names = [a for a in PREFERENCE if a in ALLREDUCE] + sorted(set(ALLREDUCE) - set(PREFERENCE))
         algs = tuple(a for a in names if len(host_of) <= 8 or self.cost(a, host_of).fanout < len(host_of) - 1)
         total = np.zeros(len(algs))
         for nbytes in sizes:
-            total += self._times(algs, nbytes, host_of, itemsize, None).min(axis=1)
+            total += self._times(algs, nbytes, host_of, itemsize, network).min(axis=1)
         autos = {self.choose(nbytes, host_of, itemsize).algorithm for nbytes in sizes}
         order = sorted(range(len(algs)), key=lambda i: (float(total[i]), i))
         return tuple(algs[i] for i in order if {algs[i]} != autos)[:count]

@@ -22,6 +22,7 @@ from .online import Decision, OnlineChoice
 
 if TYPE_CHECKING:
     from .model import Model
+    from .network import Network
 
 __all__ = ["TrialPlan", "StepTuner", "FACTORS"]
 
@@ -49,20 +50,23 @@ class TrialPlan:
     host_of: tuple[int, ...] = ()
     itemsize: int = 4
     alternatives: int = 2
+    network: "Network | None" = None
 
     def candidates(self) -> tuple[str, ...]:
         """The candidates, the static choice first. With a cost ``model`` (and the ``buckets``' sizes in
         bytes, the group's ``host_of`` and the gradients' ``itemsize``), ``"auto"`` is tried against the
         ``alternatives`` algorithms of least predicted time over those buckets
         (:meth:`~ringlet.tuning.model.Model.top_algorithms`): the trial settles what the model cannot
-        see, such as computation competing with communication. Without one, ``direct`` (it sends
+        see, such as computation competing with communication (``network``: the constants to rank the
+        alternatives with, instead of the model's). Without one, ``direct`` (it sends
         p(p-1) messages per step) is tried on small groups only. An explicit or forced algorithm is the
         user's choice."""
         base: tuple[str, ...] = (self.algorithm,)
         if self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto":
             if self.model is not None and self.buckets:
                 host_of = self.host_of or (0,) * self.size
-                base += self.model.top_algorithms(self.buckets, host_of, self.itemsize, self.alternatives)
+                base += self.model.top_algorithms(self.buckets, host_of, self.itemsize, self.alternatives,
+                                                  self.network)
             elif 3 <= self.size <= 8:
                 base = ("auto", "direct")
         if self.timing and self.factors:

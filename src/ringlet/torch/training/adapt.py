@@ -28,7 +28,14 @@ and applies them; each :class:`~ringlet.tuning.adaptive.Switch` is logged (INFO)
   ``"auto"``, which consults the installed model per message, so it takes effect at the next launch;
 * op ``bucket_bytes``: the buckets are rebuilt with the new cap at once (the first bucket keeps its cap);
 * op ``algorithm``: the step tuner had chosen another algorithm than ``"auto"``; at the model's first
-  switch of a message the buckets return to ``"auto"`` (conditions changed since the trial).
+  switch of a message the buckets return to ``"auto"`` (conditions changed since the trial). Also
+  reported when a re-trial decides (old: what the buckets ran, new: the trial's choice);
+* op ``trial``: the measured all-reduce times moved by more than ``policy.retrial``× against the
+  installed model's (:mod:`ringlet.tuning.adaptive`, "Re-trial"): from one algorithm's times the
+  corrector cannot tell a slower link from busier processors, so the step tuner puts ``"auto"`` on
+  trial again against the best other algorithms if the links had moved
+  (:meth:`~ringlet.tuning.adaptive.Adaptive.link_network`), without factors; rounds wait for its
+  decision.
 
 With :meth:`~DistributedDataParallel.overlap_optimizer` a round first lands the previous step's
 averages, so no measurement and no piece in flight crosses a switch.
@@ -56,8 +63,9 @@ TRACK = "tuning"  # timeline track of the switches
 def ddp_policy() -> Policy:
     """The default :class:`~ringlet.tuning.adaptive.Policy` of the DDP: :class:`Policy`'s, with a half-life
     of 16 measurements: a step brings one per bucket (or piece), several, and the corrector should average
-    over a few steps' noise, not over the last step's buckets."""
-    return Policy(half_life=16.0)
+    over a few steps' noise, not over the last step's buckets; and a re-trial when the measured times move
+    by more than 1.4× against the installed model's."""
+    return Policy(half_life=16.0, retrial=1.4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +184,10 @@ class Adjuster:
         for e in events:
             self._report(e)
         return events
+
+    def report(self, e: Switch) -> None:
+        """Log, mark and keep a switch made outside a round (a re-trial's decision)."""
+        self._report(e)
 
     def _report(self, e: Switch) -> None:
         self.switches.append(Applied(self.steps, e))

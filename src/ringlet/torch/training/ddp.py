@@ -23,6 +23,7 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   (summed over ranks, so every rank decides the same at the same step); the model switches algorithm or
   segment size per message, or the bucket cap (the buckets are rebuilt), each switch logged and marked on
   the timeline (:mod:`~ringlet.torch.training.adapt`; :attr:`DistributedDataParallel.switches` tells);
+  when the measured times move far from the model's, the step tuner's trial runs again;
 * before ``backward()`` returns (an autograd-engine callback) every bucket is waited for and the
   averages land in ``param.grad``. A gradient that autograd created in this backward (``.grad`` was
   None at the forward, as after ``zero_grad()``) is replaced by a view of the average in the bucket, not
@@ -82,6 +83,7 @@ ringlet's core queue (see :class:`Comm`); the coordinator then records the per-b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from typing import Iterator
@@ -91,6 +93,7 @@ import torch
 from ringlet import collectives as _core
 from ringlet import timeline
 from ringlet.tuning import StepTuner, TrialPlan, select
+from ringlet.tuning.adaptive import Switch
 from ringlet.types import ReduceOp
 
 from ..comm import Comm
@@ -176,6 +179,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._early_buffers: Coalesced | None = None  # the next forward's buffer broadcast, in flight
         self._init_step_state()
         self._steps = StepTuner(self._trial_plan().candidates(), self._sum_across_ranks)
+        self._retrial_from: str | None = None  # what the buckets ran before a re-trial, until it decides
         if self._size > 1:
             broadcast_coalesced(self._comm, [p.data for p in module.parameters()] + list(module.buffers()),
                                 f"{self._prefix}.state")
@@ -304,6 +308,10 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
                  decision.choice, per_rank)
         timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
+        if self._retrial_from is not None:
+            self._adjust.report(Switch("algorithm", self._retrial_from, decision.choice,
+                                       f"re-trial, median step ms per candidate: {per_rank}"))
+            self._retrial_from = None
         if self._sets.factored is None:
             return
         if self._steps.rejects_factors(decision):
@@ -327,6 +335,11 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         for e in adj.round(self._launch.messages(active), gradient, self._plan.cap_bytes, self._steps.algorithm):
             if e.op == "bucket_bytes":
                 self._plan.resize(self._sets, int(e.new), self._factors.chosen)
+            elif e.op == "trial":
+                self._retrial_from = self._bucket_algorithm()
+                plan = dataclasses.replace(self._trial_plan(), factors=False, network=adj.adaptive.link_network())
+                self._steps = StepTuner(plan.candidates(), self._sum_across_ranks)
+                adj.released = False
 
     def _rebuild_buckets(self) -> None:
         """Once, at the forward after the first reduced backward: bucket in rank 0's gradient-arrival order
