@@ -348,11 +348,10 @@ class Adaptive:
                        f"exposed communication {now * 1e3:.3f} ms -> {cost[best] * 1e3:.3f} ms "
                        f"(backward {backward * 1e3:.1f} ms)")]
 
-
     def _retrial(self, step: int, total: float, count: float, switched: bool) -> list[Switch]:
         """A ``"trial"`` switch when the measured times moved against the installed model's (module doc)."""
         if switched:
-            self._anchor, self._settle = None, 1
+            self._anchor, self._settle, self._streak["trial"] = None, 1, 0
             return []
         if count <= 0:
             return []
@@ -371,7 +370,7 @@ class Adaptive:
         if not self._due("trial", True, step):
             return []
         old, self._anchor, self._settle = self._anchor, None, 1
-        self.model.set_network(self.fitted)  # what "auto" runs on trial, and what plans the candidates
+        self.model.set_network(self.fitted)  # what "auto" runs on trial
         self.installed = self.fitted
         self._expected.clear()
         return [Switch("trial", f"x{math.exp(old):.2f}", f"x{math.exp(level):.2f}",
