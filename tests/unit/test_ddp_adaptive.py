@@ -261,7 +261,7 @@ def test_the_step_tuner_decides_first_and_gives_way_at_the_first_switch(model, m
 # ---- a re-trial where the model cannot attribute a move ----------------------------------------------------------
 def test_a_move_the_model_cannot_attribute_puts_the_algorithms_on_trial_again(model, monkeypatch):
     """Every constant 3x from step 30: no choice is worth a switch, so the corrector asks for a trial; the
-    step tuner times ``"auto"`` and the model's best other algorithms again (its clock faked so that the
+    step tuner times ``"auto"`` against the best other algorithms again (its clock faked so that the
     last candidate wins each trial), and its decision is reported as an ``algorithm`` switch from what ran
     before; every rank alike, rounds paused meanwhile."""
     slow = Network({c: LinkCost(BASE[c].alpha * 3, BASE[c].beta * 3) for c in (INTRA, INTER)}, BASE.gamma * 3)
