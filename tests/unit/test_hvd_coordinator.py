@@ -143,21 +143,28 @@ def test_stall_warning_for_a_cached_name(monkeypatch, caplog):
     assert any("allreduce.cached_slowpoke" in m and "missing ranks [1]" in m for m in msgs), msgs
 
 
+def _hold_allreduces(coord) -> tuple[threading.Event, threading.Event]:
+    """Make the coordinator's all-reduces wait: ``started`` is set when one begins, which then waits for
+    ``release`` (at most 30 s)."""
+    started, release = threading.Event(), threading.Event()
+    real = coord.runner.allreduce
+
+    def allreduce(g, items):
+        started.set()
+        release.wait(30)
+        return real(g, items)
+
+    coord.runner.allreduce = allreduce
+    return started, release
+
+
 def test_shutdown_drains_agreed_ops():
     """An op agreed and running when shutdown() is called completes with its result, on every rank."""
 
     def body(r):
         ctx = context()
         coord = ctx.coordinator
-        started, release = threading.Event(), threading.Event()
-        real = coord.runner.allreduce
-
-        def allreduce(g, items):
-            started.set()
-            release.wait(30)
-            return real(g, items)
-
-        coord.runner.allreduce = allreduce
+        started, release = _hold_allreduces(coord)
         h = mpi_ops.allreduce_async(torch.ones(3), name="drained", op=hvd.Sum)
         assert started.wait(30)
         threading.Timer(0.2, release.set).start()  # lets the op go on once shutdown() is under way
@@ -175,15 +182,7 @@ def test_one_rank_survives_a_lost_wake_from_the_execution_thread():
     ctx = context()
     coord = ctx.coordinator
     coord._exec._on_move = lambda: None
-    started, release = threading.Event(), threading.Event()
-    real = coord.runner.allreduce
-
-    def allreduce(g, items):
-        started.set()
-        release.wait(30)
-        return real(g, items)
-
-    coord.runner.allreduce = allreduce
+    started, release = _hold_allreduces(coord)
     try:
         h1 = mpi_ops.allreduce_async(torch.ones(3), name="running", op=hvd.Sum)
         assert started.wait(30)

@@ -182,14 +182,11 @@ class Adjuster:
             events.append(Switch("algorithm", tuner_algorithm, select.AUTO,
                                  "the cost model switched; the step tuner's choice was measured before"))
         for e in events:
-            self._report(e)
+            self.report(e)
         return events
 
     def report(self, e: Switch) -> None:
-        """Log, mark and keep a switch made outside a round (a re-trial's decision)."""
-        self._report(e)
-
-    def _report(self, e: Switch) -> None:
+        """Log, mark and keep a switch (a round's, or one made outside a round: a re-trial's decision)."""
         self.switches.append(Applied(self.steps, e))
         log.info("DistributedDataParallel: step %d: %s %s -> %s (%s)", self.steps, e.op, e.old, e.new, e.reason)
         timeline.instant(TRACK, "switch", {"step": self.steps, "op": e.op, "old": e.old, "new": e.new,
