@@ -131,13 +131,22 @@ def test_calibration_gives_every_rank_the_same_profile(name):
         # The per-byte price came from whole all-reduces of the plan's large size with both algorithms,
         # and the ring again cut into 32 messages per buffer.
         large = dict(first.info["large_calls"])
-        assert large.pop("fit") == {"bytes": TINY.large_bytes, "kappa": net.kappa} and net.kappa >= 0
+        kfit = large.pop("fit")
+        assert kfit["bytes"] == TINY.large_bytes and 0 <= kfit["kappa"] <= net.kappa
         assert list(large) == ["ring", "halving_doubling", "ring_segmented"]
         assert [v["algorithm"] for v in large.values()] == ["ring", "halving_doubling", "ring"]
         assert large["ring_segmented"]["segment_bytes"] == TINY.large_bytes // 32
         assert all(v["measured"] > 0 and v["predicted"] > 0 and v["segment_bytes"] > 0 for v in large.values())
+        wire = first.info["wire"]
+        if len(set(host_of)) < 2:  # no link between hosts: nothing to tell apart
+            assert wire == {} and net.kappa == kfit["kappa"]
+        else:  # a lone transfer against the inter shift: kappa and the inter beta follow the decision
+            assert wire["bytes"] == TINY.large_bytes and wire["lone_s"] > 0 and wire["shift_s"] > 0
+            assert net.kappa == (max(kfit["kappa"], wire["processors"]) if wire["split"] else kfit["kappa"])
+            assert net[INTER].beta == (wire["lone_beta"] if wire["split"] else wire["shift_beta"])
     else:
         assert net.op == 0 and first.info["per_call"] == {} and first.info["large_calls"] == {}
+        assert first.info["wire"] == {}
         assert net.kappa == 0
 
 

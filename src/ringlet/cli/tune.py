@@ -74,6 +74,13 @@ def _tune_in_job(out: str, plan: str) -> int:
                   f"{v['measured'] * 1e3:.2f} ms, without kappa predicted {v['predicted'] * 1e3:.2f} ms")
         if kfit:
             print(f"per-byte fit at {kfit['bytes'] >> 10} KiB: kappa {kfit['kappa'] * 1e9:.4f} ns/B (in the table)")
+        wire = info.get("wire") or {}
+        if wire:
+            verdict = ("the processors bind: inter beta and kappa from them (in the table)" if wire["split"]
+                       else "the links bind: unchanged")
+            print(f"lone transfer at {wire['bytes'] >> 10} KiB: {wire['lone_s'] * 1e3:.2f} ms against the shift "
+                  f"pattern's {wire['shift_s'] * 1e3:.2f} ms, {wire['lone_beta'] * 1e9:.4f} against "
+                  f"{wire['shift_beta'] * 1e9:.4f} ns/B; {verdict}")
         for cls, fit in sorted(info["fit"].items()):
             print(f"fit {cls}: {len(info['samples'][cls]['points'])} samples, {fit['dropped']} dropped, "
                   f"RMS relative residual {100 * fit['residual']:.0f}%")

@@ -57,6 +57,11 @@ Protocol (docs/tuning.md gives the reasons):
    per host only the segmented call can tell: where the processors bind, they pay each message's
    price on the bytes' path. ``info["large_calls"]`` keeps, per call, the algorithm, segment,
    timing and the prediction without ``kappa``, and the fit.
+8. **The wire.** One inter-host transfer of ``plan.large_bytes`` alone, against the inter-host shift
+   pattern at that size, seven times each in turn (:mod:`~ringlet.tuning.wire`): where the lone
+   transfer runs faster and the processors can explain the shift, the inter link's β is the lone
+   transfer's and ``kappa`` the processors' share, so that steps with fewer ranks moving bytes are
+   priced as they run. ``info["wire"]`` keeps the timings and the decision.
 
 A class absent from the layout (one host; one rank per host) is not measured; its row copies the
 measured class (the cost model never uses it for this layout) and ``info["measured"]`` says which were.
@@ -82,6 +87,7 @@ from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topolo
 from .probe import Prober, chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
 from .shared import broadcast_bytes
+from .wire import measure_wire
 
 KiB, MiB = 1 << 10, 1 << 20
 _BUDGET_SHARE = {INTRA: 0.4, INTER: 0.5}  # of plan.budget_s per class; γ takes what is left
@@ -384,12 +390,14 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     check_s = float(np.median(prober.gather(check).max(axis=0)))
     network, per_call = _measure_op(prober, plan, _network(fits, gamma, check_s), host_of)
     network, large = _measure_kappa(prober, plan, network, host_of)
+    overhead = max((f.overhead for f in fits.values()), default=0.0)
+    network, wire = measure_wire(prober, plan.large_bytes, network, host_of, overhead)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
             "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
             "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},
-            "op_overhead": max((f.overhead for f in fits.values()), default=0.0), "check_overhead": check_s,
+            "op_overhead": overhead, "check_overhead": check_s,
             "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points}, "per_call": per_call,
-            "large_calls": large, "hostnames": list(rt.hostnames)}
+            "large_calls": large, "wire": wire, "hostnames": list(rt.hostnames)}
     return Profile(Fingerprint.of(host_of, rt.transport.name), network, info)
 
 
