@@ -11,7 +11,8 @@ One step, for all its transfers at once (numpy arrays, no Python object per tran
   its two links (``np.bincount``); ``r`` = the number of reducing receives of the step at its receiver.
   One segment takes ``τ = α_c + ε·e + (b/k)·(max(β_c·m, κ·e) + γ·r)`` (``γ`` only for reducing
   receives; ``e`` the step's message endpoints at the busier end as the network's ``cpus`` count them,
-  ``ε`` and ``κ`` its ``epsilon`` and ``kappa``);
+  ``ε`` and ``κ`` its ``epsilon`` and ``kappa``; with ``kappa_inter`` the endpoints of inter-host
+  transfers are priced at it, as :meth:`~ringlet.tuning.network.Network.weighted_ends` does);
 * it starts at ``t0 = max(first[src], busy[out link], busy[in link])``: when the sender has its first
   segment and both links have finished the earlier steps' transfers;
 * its first segment is in at ``t0 + τ``, its last at ``max(last[src] + τ, t0 + k·τ)`` (segments
@@ -78,6 +79,7 @@ class _State:
         self.beta = np.array([network[INTRA].beta, network[INTER].beta])
         self.gamma = network.gamma
         self.epsilon, self.kappa, self.cpus = network.epsilon, network.kappa, network.cpus
+        self.network = network
         self.itemsize = itemsize
         self.segment = segment_bytes
 
@@ -94,10 +96,11 @@ class _State:
         alpha = self.alpha[cls]
         wire = nbytes * self.beta[cls]
         per_byte = self.beta[cls] * np.maximum(load[out_link], load[in_link])
-        if self.epsilon or self.kappa:  # the step's message endpoints at the busier end (as the cost model)
-            ends = self.cpus.load(topo.endpoints(src, dst))
-            alpha = alpha + self.epsilon * ends
-            per_byte = np.maximum(per_byte, self.kappa * ends)
+        if self.epsilon or self.kappa or self.network.kx:  # the step's endpoints at the busier end (as the cost model)
+            ends = topo.endpoints(src, dst)
+            alpha = alpha + self.epsilon * self.cpus.load(ends)
+            weighted = self.network.weighted_ends(ends, topo.endpoints(src, dst, only=inter))
+            per_byte = np.maximum(per_byte, self.cpus.load(weighted))
         per_segment = alpha + nbytes / k * per_byte
         if self.gamma and st.reduce.any():
             red = st.reduce.astype(bool)

@@ -278,13 +278,15 @@ class Adaptive:
         self.fitted = dataclasses.replace(
             c, links={INTRA: LinkCost(c[INTRA].alpha * f[0], c[INTRA].beta * f[2]),
                       INTER: LinkCost(c[INTER].alpha * f[1], c[INTER].beta * f[3])}, gamma=c.gamma * f[4],
-            epsilon=c.epsilon * f[slower], kappa=c.kappa * f[2 + slower])
+            epsilon=c.epsilon * f[slower], kappa=c.kappa * f[2 + slower],
+            kappa_inter=None if c.kappa_inter is None else c.kappa_inter * f[2 + slower])
 
     def link_network(self) -> Network:
         """The corrected constants with the processors' (``epsilon``, ``kappa``) at calibration: the
         hypothesis that what moved is the links. A re-trial ranks its alternatives with it, so that the
         trial measures the algorithms a slower link would favour beside what ``"auto"`` runs."""
-        return dataclasses.replace(self.fitted, epsilon=self.calibrated.epsilon, kappa=self.calibrated.kappa)
+        c = self.calibrated
+        return dataclasses.replace(self.fitted, epsilon=c.epsilon, kappa=c.kappa, kappa_inter=c.kappa_inter)
 
     def _due(self, kind: str, better: bool, step: int) -> bool:
         """Hysteresis: ``better`` at enough consecutive agreements, and far enough from the last switch."""

@@ -87,7 +87,7 @@ from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topolo
 from .probe import Prober, chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
 from .shared import broadcast_bytes
-from .wire import measure_wire
+from .wire import measure_wire, split_kappa
 
 KiB, MiB = 1 << 10, 1 << 20
 _BUDGET_SHARE = {INTRA: 0.4, INTER: 0.5}  # of plan.budget_s per class; γ takes what is left
@@ -306,11 +306,14 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
 def large_call_predictor(network: Network, topology: Topology, nbytes: int, calls: dict[str, tuple[str, int]]):
     """``predict(kappa)``: the step-7 calls' predicted seconds under ``network`` with that ``kappa``
     (``calls``: label -> (algorithm, segment bytes), in order; unchecked), as
-    :func:`~ringlet.tuning.fit.fit_kappa` takes it."""
-    def predict(kappa: float) -> list[float]:
-        net = dataclasses.replace(network, kappa=kappa)
+    :func:`~ringlet.tuning.fit.fit_kappa` takes it; ``predict.under(net)``: the same under ``net``."""
+    def under(net: Network) -> list[float]:
         return [predict_allreduce(a, nbytes, topology, net, segment_bytes=seg).seconds for a, seg in calls.values()]
 
+    def predict(kappa: float) -> list[float]:
+        return under(dataclasses.replace(network, kappa=kappa))
+
+    predict.under = under
     return predict
 
 
@@ -368,8 +371,9 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
 
     scale = max(network[c].beta for c in LINK_CLASSES) or 1e-9
     kappa = fit_kappa(measured, predict, scale)
-    seen["fit"] = {"bytes": plan.large_bytes, "kappa": kappa}
-    return dataclasses.replace(network, kappa=kappa), seen
+    network, split = split_kappa(dataclasses.replace(network, kappa=kappa), host_of, measured, predict.under)
+    seen["fit"] = {"bytes": plan.large_bytes, "kappa": kappa, "per_class": split}
+    return network, seen
 
 
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:

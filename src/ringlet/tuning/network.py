@@ -30,6 +30,10 @@ processor time per byte at a message endpoint (copies and protocol work), counte
 a transfer of ``b`` bytes moves at the slower of its links' share (``b·beta·flows``) and its busier
 end's processors (``b·kappa·load``). Where processors are plentiful the links bind and ``kappa`` changes
 nothing; where many ranks share few cores (hosts emulated on one machine) it is what binds.
+``kappa_inter`` prices the endpoints of transfers between hosts when they cost the processors more per
+byte than those within a host (a longer kernel path: bridges, shapers); unset, it is ``kappa``. The
+load is then weighted: ``kappa`` per endpoint of an intra-host transfer, ``kappa_inter`` per endpoint
+of an inter-host one.
 """
 from __future__ import annotations
 
@@ -99,15 +103,30 @@ class Network:
     epsilon: float = 0.0
     cpus: Cpus = Cpus()
     kappa: float = 0.0
+    kappa_inter: float | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in LINK_CLASSES if c not in self.links]
         if missing:
             raise ValueError(f"network lacks link classes {missing}")
-        for name in ("gamma", "op", "check", "epsilon", "kappa"):
+        for name in ("gamma", "op", "check", "epsilon", "kappa", "kx"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
+
+    @property
+    def kx(self) -> float:
+        """The processors' time per byte at an endpoint of an inter-host transfer (``kappa_inter``, else
+        ``kappa``)."""
+        return self.kappa if self.kappa_inter is None else self.kappa_inter
+
+    def weighted_ends(self, ends: np.ndarray, inter_ends: np.ndarray) -> np.ndarray:
+        """Endpoint columns (:meth:`Topology.endpoints`) priced per byte: ``kappa`` per endpoint,
+        ``kappa_inter`` instead for those of inter-host transfers (``inter_ends``: the same columns
+        counting only those); :meth:`Cpus.load` of the result is a transfer's processor time per byte."""
+        if self.kappa_inter is None:
+            return self.kappa * ends
+        return self.kappa * ends + (self.kappa_inter - self.kappa) * inter_ends
 
     def __getitem__(self, cls: str) -> LinkCost:
         return self.links[cls]
@@ -125,7 +144,8 @@ class Network:
 
     def to_dict(self) -> dict:
         return {"links": {c: asdict(self.links[c]) for c in LINK_CLASSES}, "gamma": self.gamma, "op": self.op,
-                "check": self.check, "epsilon": self.epsilon, "cpus": asdict(self.cpus), "kappa": self.kappa}
+                "check": self.check, "epsilon": self.epsilon, "cpus": asdict(self.cpus), "kappa": self.kappa,
+                "kappa_inter": self.kappa_inter}
 
     @staticmethod
     def from_dict(d: Mapping) -> "Network":
@@ -135,7 +155,8 @@ class Network:
             return Network(links, float(d.get("gamma", 0.0)), float(d.get("op", 0.0)), float(d.get("check", 0.0)),
                            float(d.get("epsilon", 0.0)),
                            Cpus(str(cpus.get("scope", "rank")), float(cpus.get("cores", 1.0))),
-                           float(d.get("kappa", 0.0)))
+                           float(d.get("kappa", 0.0)),
+                           None if d.get("kappa_inter") is None else float(d["kappa_inter"]))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a network table: {d!r}") from exc
 
@@ -147,7 +168,9 @@ class Network:
             rows.append(f"{c:<6} {lc.alpha * 1e6:11.2f} {lc.beta * 1e9:12.4f} {lc.gbit:8.2f}")
         rows.append(f"gamma  {self.gamma * 1e9:.4f} ns/B ({'inf' if not self.gamma else f'{1e-9 / self.gamma:.2f}'} GB/s)")
         rows.append(f"per call {self.op * 1e6:.2f} us, metadata check {self.check * 1e6:.2f} us")
-        rows.append(f"per message endpoint {self.epsilon * 1e6:.2f} us + {self.kappa * 1e9:.4f} ns/B, shared by "
+        per_byte = f"{self.kappa * 1e9:.4f} ns/B" + (
+            "" if self.kappa_inter is None else f" ({self.kappa_inter * 1e9:.4f} between hosts)")
+        rows.append(f"per message endpoint {self.epsilon * 1e6:.2f} us + {per_byte}, shared by "
                     f"{self.cpus.scope}" + ("" if self.cpus.scope == "rank" else f" ({self.cpus.cores:g} cores)"))
         return "\n".join(rows)
 
@@ -201,11 +224,16 @@ class Topology:
     def nlinks(self) -> int:
         return 2 * self.size + 2 * self.nhosts
 
-    def endpoints(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    def endpoints(self, src: np.ndarray, dst: np.ndarray, only: np.ndarray | None = None) -> np.ndarray:
         """For the transfers ``src[i] -> dst[i]`` of one step: ``(n, 3)`` int64, the step's message
         endpoints (sends plus receives) at the busier of transfer ``i``'s two ends, counted for one
-        rank, for one host and for the whole job (:meth:`Cpus.load` turns them into a load)."""
-        ends = np.bincount(src, minlength=self.size) + np.bincount(dst, minlength=self.size)
+        rank, for one host and for the whole job (:meth:`Cpus.load` turns them into a load). ``only``
+        (a mask over the transfers): count only the endpoints of those transfers."""
+        if only is not None:
+            only = np.asarray(only, bool)
+            ends = np.bincount(src[only], minlength=self.size) + np.bincount(dst[only], minlength=self.size)
+        else:
+            ends = np.bincount(src, minlength=self.size) + np.bincount(dst, minlength=self.size)
         per_host = np.bincount(self._hosts, weights=ends, minlength=self.nhosts).astype(np.int64)
         hs, hd = self._hosts[src], self._hosts[dst]
         return np.stack([np.maximum(ends[src], ends[dst]), np.maximum(per_host[hs], per_host[hd]),

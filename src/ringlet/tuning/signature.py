@@ -8,12 +8,14 @@ Two tables, both deduplicated:
   many reducing transfers its receiver takes in that step: they are reduced one after the other), its
   size as a fraction ``num/den`` of the element count, and the message endpoints (sends and receives)
   of the step at its busier end: of one rank, of one host, of the whole job (the network's ``cpus``
-  picks which are shared). They give each step's per-segment time ``τ_s``.
+  picks which are shared), and the same counting only endpoints of inter-host transfers (which the
+  network's ``kappa_inter`` prices). They give each step's per-segment time ``τ_s``.
 * **resource rows**, sorted by group: every link, every rank's reduction and the processors that
   handle messages (each rank's, each host's, the job's) are resources; resources that are used
   identically in every step form one group, kept once. A row says how a group's resource is used in
   one step: kind (intra link, inter link, reduction, rank/host/job processors), how many transfers
-  (endpoints, for processors) share it, and the largest one's fraction. They give the pipeline's
+  (endpoints, for processors; and how many of those are of inter-host transfers) share it, and the
+  largest one's fraction. They give the pipeline's
   steady state: the busiest resource's occupancy summed over the steps.
 
 Steps whose sends the executor holds until the step before is done (:mod:`ringlet.algorithms.hold`)
@@ -72,14 +74,15 @@ class _Resources:
         np.maximum.at(biggest, links, counts)
         ids = np.flatnonzero(load)
         kind = np.where(ids >= 2 * self.p, INTER_LINK, INTRA_LINK)
-        rows = [np.stack([ids, kind, load[ids], biggest[ids]], axis=1)]
+        rows = [np.stack([ids, kind, load[ids], np.zeros(len(ids), np.int64), biggest[ids]], axis=1)]
         if red.any():
             rdst, rcount = dst[red], counts[: len(dst)][red]
             cpu_load = np.bincount(rdst, minlength=self.p)
             cpu_big = np.zeros(self.p, np.int64)
             np.maximum.at(cpu_big, rdst, rcount)
             cids = np.flatnonzero(cpu_load)
-            rows.append(np.stack([cids + self.nlinks, np.full(len(cids), REDUCTION), cpu_load[cids], cpu_big[cids]], 1))
+            rows.append(np.stack([cids + self.nlinks, np.full(len(cids), REDUCTION), cpu_load[cids],
+                                  np.zeros(len(cids), np.int64), cpu_big[cids]], 1))
         rows.append(self._processors(src, dst, counts[: len(dst)]))
         table = np.concatenate(rows)
         shapes, inverse = np.unique(table[:, 1:], axis=0, return_inverse=True)
@@ -92,22 +95,25 @@ class _Resources:
         self.used.append((s, res, codes))
 
     def _processors(self, src: np.ndarray, dst: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Rows (id, kind, endpoints, largest transfer) of every rank, host and the job with endpoints."""
+        """Rows (id, kind, endpoints, endpoints of inter-host transfers, largest transfer) of every rank,
+        host and the job with endpoints."""
         ends = np.concatenate([src, dst])
         big = np.concatenate([counts, counts])
+        inter = np.tile(self.hosts[src] != self.hosts[dst], 2)
         out = []
         for kind, owner, n, base in ((RANK_CPU, ends, self.p, self.cpu0),
                                      (HOST_CPU, self.hosts[ends], self.nhosts, self.cpu0 + self.p),
                                      (JOB_CPU, np.zeros(len(ends), np.int64), 1, self.cpu0 + self.p + self.nhosts)):
             load = np.bincount(owner, minlength=n)
+            xload = np.bincount(owner[inter], minlength=n)
             largest = np.zeros(n, np.int64)
             np.maximum.at(largest, owner, big)
             ids = np.flatnonzero(load)
-            out.append(np.stack([ids + base, np.full(len(ids), kind), load[ids], largest[ids]], 1))
+            out.append(np.stack([ids + base, np.full(len(ids), kind), load[ids], xload[ids], largest[ids]], 1))
         return np.concatenate(out)
 
     def rows(self, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(block start indices, first block of each stage, rows of (kind, load, count)): the rows in
+        """(block start indices, first block of each stage, rows of (kind, load, inter load, count)): the rows in
         order of ``stage[step]``, then resource group, then step; a group's rows in one stage are a block."""
         hashes, first = np.unique(self.hash, return_index=True)
         reps = first[hashes != 0]
@@ -122,7 +128,7 @@ class _Resources:
         st = np.asarray(stage, np.int64)[table[:, 1]]
         order = np.lexsort((table[:, 1], table[:, 0], st))
         table, st = table[order], st[order]
-        shape = np.array(sorted(self.codes, key=self.codes.get), np.int64).reshape(-1, 3)
+        shape = np.array(sorted(self.codes, key=self.codes.get), np.int64).reshape(-1, 4)
         if not len(table):
             return np.zeros(0, np.int64), np.zeros(1, np.int64), shape[table[:, 2]]
         starts = np.flatnonzero(np.r_[True, (table[1:, 0] != table[:-1, 0]) | (st[1:] != st[:-1])])
@@ -135,8 +141,9 @@ class _Resources:
 class Signature:
     """See the module doc. ``fanout``: the most transfers one rank sends in one step; ``messages``:
     transfers in the schedule. ``ends``: per step row, the step's message endpoints at the busier end
-    of the transfer, columns (one rank, one host, the job). ``rstarts``: the first resource row of each
-    block; ``sstarts``: the first block of each stage."""
+    of the transfer, columns (one rank, one host, the job); ``xends``: the same, of inter-host transfers
+    only. ``rstarts``: the first resource row of each block; ``sstarts``: the first block of each stage;
+    ``rxload``: per resource row, the endpoints of inter-host transfers among its ``rload``."""
 
     name: str
     nranks: int
@@ -156,6 +163,8 @@ class Signature:
     rload: np.ndarray
     rnum: np.ndarray
     rden: np.ndarray
+    xends: np.ndarray    # (rows, 3) float: as ends, inter-host transfers' endpoints only
+    rxload: np.ndarray
 
     @property
     def exact_below(self) -> int:
@@ -186,19 +195,21 @@ class Signature:
             reducers = np.where(red, np.bincount(dst[red], minlength=topology.size)[dst], 0)
             starts.append(sum(len(t) for t in steps))
             steps.append(np.unique(np.concatenate([np.stack([inter.astype(np.int64), flows, reducers, count], 1),
-                                                   topology.endpoints(src, dst)], axis=1), axis=0))
+                                                   topology.endpoints(src, dst),
+                                                   topology.endpoints(src, dst, only=inter)], axis=1), axis=0))
             resources.add(s, links, np.concatenate([count, count]), src, dst, red)
             messages += len(src)
             fanout = max(fanout, int(np.bincount(src).max()))
-        t = np.concatenate(steps) if steps else np.zeros((0, 7), np.int64)
+        t = np.concatenate(steps) if steps else np.zeros((0, 10), np.int64)
         num, den = fractions(t[:, 3], int(reference), limit)
         rstarts, sstarts, r = resources.rows(np.cumsum(held))
-        rnum, rden = fractions(r[:, 2], int(reference), limit)
+        rnum, rden = fractions(r[:, 3], int(reference), limit)
         return Signature(schedule.name, schedule.nranks, schedule.num_steps, messages, fanout,
                          np.asarray(starts, np.int64), t[:, 0].astype(np.int8), t[:, 1].astype(np.float64),
                          t[:, 2].astype(np.float64), num, den, t[:, 4:7].astype(np.float64), rstarts,
                          sstarts, r[:, 0].astype(np.int8),
-                         r[:, 1].astype(np.float64), rnum, rden)
+                         r[:, 1].astype(np.float64), rnum, rden, t[:, 7:10].astype(np.float64),
+                         r[:, 2].astype(np.float64))
 
     def _parts(self, n: int, network: Network, itemsize: int, segments: np.ndarray):
         """Per (segment size, row): segments ``k`` and the α, β, γ parts of one segment, for the step
@@ -214,7 +225,8 @@ class Signature:
         k, part = geometry(self.num, self.den)
         cpus = network.cpus
         load = cpus.load(self.ends)
-        beta = np.maximum(np.where(self.cls == 1, hi.beta, lo.beta) * self.flows, network.kappa * load)
+        kload = cpus.load(network.weighted_ends(self.ends, self.xends))
+        beta = np.maximum(np.where(self.cls == 1, hi.beta, lo.beta) * self.flows, kload)
         alpha = np.where(self.cls == 1, hi.alpha, lo.alpha) + network.epsilon * load
         step = (k, np.broadcast_to(alpha, k.shape), part * beta, part * (self.reducers * network.gamma))
         rk, rpart = geometry(self.rnum, self.rden)
@@ -223,7 +235,8 @@ class Signature:
         share = np.where(self.rkind == RANK_CPU, 1.0,
                          np.where(self.rkind == _SHARED_KIND.get(cpus.scope, -1), 1.0 / cpus.cores, 0.0))
         ralpha = ralpha + network.epsilon * share * self.rload
-        rbeta = np.where(self.rkind == INTER_LINK, hi.beta, np.where(link, lo.beta, network.kappa * share)) * self.rload
+        cpu = share * (network.kappa * self.rload + (network.kx - network.kappa) * self.rxload)
+        rbeta = np.where(self.rkind == INTER_LINK, hi.beta * self.rload, np.where(link, lo.beta * self.rload, cpu))
         res = (rk, np.broadcast_to(ralpha, rk.shape), rpart * rbeta,
                rpart * ((self.rkind == REDUCTION) * network.gamma * self.rload))
         return step, res
@@ -270,7 +283,8 @@ class Signature:
         res_inter = (self.rkind[rows] == INTER_LINK) | (cpu & cpu_inter)
         # A step row whose bytes are bound by its processors (kappa) counts its β part with them too.
         lo_b, hi_b = network[INTRA].beta, network[INTER].beta
-        by_cpu = network.kappa * network.cpus.load(self.ends[slow]) > np.where(
+        kload = network.cpus.load(network.weighted_ends(self.ends[slow], self.xends[slow]))
+        by_cpu = kload > np.where(
             self.cls[slow] == 1, hi_b, lo_b) * self.flows[slow]
         beta_cls = np.where(by_cpu, int(cpu_inter), self.cls[slow])
         for name, c, cls_res in ((INTRA, 0, res_intra), (INTER, 1, res_inter)):
@@ -313,7 +327,8 @@ class Stack:
                              cat([s.rstarts + r for s, r in zip(signatures, rrows)]),
                              cat([s.sstarts + b for s, b in zip(signatures, blocks)]),
                              cat([s.rkind for s in signatures]), cat([s.rload for s in signatures]),
-                             cat([s.rnum for s in signatures]), cat([s.rden for s in signatures]))
+                             cat([s.rnum for s in signatures]), cat([s.rden for s in signatures]),
+                             cat([s.xends for s in signatures]), cat([s.rxload for s in signatures]))
         self.step_bounds = np.cumsum([0] + [s.steps for s in signatures])
         self.stage_bounds = np.cumsum([0] + [len(s.sstarts) for s in signatures])[:-1]
 

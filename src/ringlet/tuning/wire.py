@@ -1,4 +1,15 @@
-"""Step 8 of calibration: is the link between hosts the wire, or the processors that copy its bytes?
+"""Telling links from the processors that copy their bytes: the end of step 7 of calibration (a
+processor price per link class) and step 8 (the wire between hosts).
+
+**Per link class** (:func:`split_kappa`). Step 7 fits one ``kappa`` to whole all-reduces that mix
+intra- and inter-host transfers. The intra-host shift pattern bounds what an intra-host endpoint can
+cost: ``P_intra = β_intra · sharing_intra / load_intra`` (no shift ran slower). Where the fitted
+``kappa`` exceeds it by more than ``MARGIN``, the calls' processor time is not the intra-host
+endpoints': ``kappa`` becomes ``P_intra`` and ``kappa_inter`` is fitted again to the same calls
+(:func:`~ringlet.tuning.fit.fit_kappa`), kept when it is above ``P_intra``. Emulated hosts send
+between hosts through bridges and shapers, a longer kernel path than within a host.
+
+**The wire** (step 8).
 
 The shift pattern of step 1 runs every rank's transfer at once, so its β is the rate one transfer gets
 while all of them share the processors. Where the hosts are emulated on one machine (or the wire is
@@ -26,16 +37,41 @@ reads the two:
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from .fit import fit_kappa
 from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
 from .probe import Pattern, Prober, chain, sharing, shift_pattern
 
 MARGIN = 0.1  # relative difference below which the lone transfer and the shift count as the same rate
 _REPS = 7  # timings of each pattern, alternated; the medians are compared
+
+
+def split_kappa(network: Network, host_of: Sequence[int], measured: Sequence[float],
+                predict: Callable[[Network], Sequence[float]], margin: float = MARGIN) -> tuple[Network, dict]:
+    """``network`` (its ``kappa`` fitted to the step-7 calls ``measured``) with a processor price per
+    link class where the intra shift pattern bounds ``kappa`` below the fit (module doc), and what was
+    decided. ``predict(net)``: the calls' predicted seconds under ``net``. Unchanged without both link
+    classes in the layout."""
+    topology = Topology(tuple(host_of))
+    intra, inter = shift_pattern(host_of, INTRA), shift_pattern(host_of, INTER)
+    if not intra or not inter or network.kappa <= 0:
+        return network, {}
+    bound = network[INTRA].beta * sharing(intra, topology) / pattern_load(intra, topology, network)
+    seen = {"intra_bound": bound, "single": network.kappa, "split": False}
+    if network.kappa <= (1 + margin) * bound:
+        return network, seen
+    base = dataclasses.replace(network, kappa=bound, kappa_inter=None)
+    scale = max(network[c].beta for c in LINK_CLASSES) or 1e-9
+    kx = fit_kappa(measured, lambda k: predict(dataclasses.replace(base, kappa_inter=k)), scale)
+    seen["kappa_inter"] = kx
+    if kx <= bound:
+        return network, seen
+    seen["split"] = True
+    return dataclasses.replace(base, kappa_inter=kx), seen
 
 
 def lone_pattern(host_of: Sequence[int]) -> Pattern:
@@ -89,7 +125,8 @@ def split_wire(network: Network, ev: WireEvidence, margin: float = MARGIN) -> tu
     links[INTER] = LinkCost(network[INTER].alpha, lone_beta)
     if INTRA not in ev.sharing:
         links[INTRA] = links[INTER]
-    return dataclasses.replace(network, links=links, kappa=max(network.kappa, procs)), seen
+    kx = None if network.kappa_inter is None else max(network.kappa_inter, procs)
+    return dataclasses.replace(network, links=links, kappa=max(network.kappa, procs), kappa_inter=kx), seen
 
 
 def measure_wire(prober: Prober, nbytes: int, network: Network, host_of: tuple[int, ...],
