@@ -2,6 +2,7 @@
 traffic patterns, the chain schedules, and a profile that is identical on every rank."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_world, simulate
@@ -119,7 +120,8 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     assert net.op >= 0 and net.check >= 0 and net.check == (fit["check"] if fit else first.info["check_overhead"])
     if fit:
         calls = [v for k, v in first.info["per_call"].items() if k != "fit"]
-        assert fit["check"] == pytest.approx(max(0.0, sum(v["checked"] - v["measured"] for v in calls) / len(calls)))
+        extra = sorted(v["checked"] - v["measured"] for v in calls)
+        assert fit["check"] == pytest.approx(max(0.0, float(np.median(extra))))
     if p > 1:  # the per-call constant came from whole all-reduces of both kinds
         calls = dict(first.info["per_call"])
         fit = calls.pop("fit")

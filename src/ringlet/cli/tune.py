@@ -74,6 +74,11 @@ def _tune_in_job(out: str, plan: str) -> int:
                   f"{v['measured'] * 1e3:.2f} ms, without kappa predicted {v['predicted'] * 1e3:.2f} ms")
         if kfit:
             print(f"per-byte fit at {kfit['bytes'] >> 10} KiB: kappa {kfit['kappa'] * 1e9:.4f} ns/B (in the table)")
+            split = kfit.get("per_class") or {}
+            if split:
+                verdict = (f"split: {split['intra_bound'] * 1e9:.4f} within hosts, {split['kappa_inter'] * 1e9:.4f} "
+                           "between (in the table)" if split["split"] else "kept")
+                print(f"per link class: the intra shift bounds kappa at {split['intra_bound'] * 1e9:.4f} ns/B; {verdict}")
         wire = info.get("wire") or {}
         if wire:
             verdict = ("the processors bind: inter beta and kappa from them (in the table)" if wire["split"]

@@ -43,8 +43,9 @@ Protocol (docs/tuning.md gives the reasons):
    load) + the rest`` (:func:`~ringlet.tuning.fit.fit_per_call`): ``op`` is what a call costs beyond
    its steps (choosing, building, compiling, scaling), ``scale`` corrects both classes' α to what a
    step of a whole collective pays, ``epsilon`` what each message endpoint costs the processors that
-   handle it. The same calls timed checked (each agreeing on its metadata first) give the network's
-   ``check``: the mean of checked minus unchecked, which is more than back-to-back agreements cost
+   handle it. The same calls timed checked (each agreeing on its metadata first; unchecked and checked
+   timings alternate) give the network's ``check``: the median over the calls of checked minus
+   unchecked, which is more than back-to-back agreements cost
    (``info["check_overhead"]``, the value before). ``info["per_call"]`` keeps the timings and the fit.
 7. **Per byte.** Whole unchecked all-reduces of ``plan.large_bytes`` per rank with the ring and with
    halving-doubling — each rank sends and receives the same bytes in both, but on several ranks per
@@ -287,16 +288,19 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     for algorithm in _PER_CALL:
         first = prober.gather([prober.time_allreduce(algorithm, flat, 4, checked=True)]).max()  # builds, compiles
         repeat = int(min(_SUSTAIN_CALLS[1], max(_SUSTAIN_CALLS[0], math.ceil(_SUSTAIN_S / max(first, 1e-6)))))
-        measured, checked = (float(np.median(prober.gather(
-            [prober.time_allreduce(algorithm, flat, repeat, checked=c) for _ in range(_SUSTAIN_REPS)]).max(axis=0)))
-            for c in (False, True))
+        # Unchecked and checked in turn, so that a slow phase of a shared machine falls on both alike.
+        mine = [prober.time_allreduce(algorithm, flat, repeat, checked=c)
+                for _ in range(_SUSTAIN_REPS) for c in (False, True)]
+        slowest = prober.gather(mine).max(axis=0).reshape(_SUSTAIN_REPS, 2)
+        measured, checked = (float(np.median(slowest[:, j])) for j in range(2))
         alpha, ends, rest = per_call_parts(algorithm, 4 * p, topology, network)
         seen[algorithm] = {"measured": measured, "checked": checked, "predicted": alpha + rest, "endpoints": ends}
         calls.append((measured, alpha, ends, rest))
         extra.append(checked - measured)
     op, scale, epsilon = fit_per_call(calls)
-    # What a check adds to a whole call, which back-to-back agreements alone under-state (docs/tuning.md).
-    check = max(0.0, float(np.mean(extra)))
+    # What a check adds to a whole call, which back-to-back agreements alone under-state (docs/tuning.md);
+    # the median over the calls, so that one call timed in a slow phase does not decide it.
+    check = max(0.0, float(np.median(extra)))
     seen["fit"] = {"op": op, "alpha_scale": scale, "epsilon": epsilon, "check": check,
                    "cpus": dataclasses.asdict(network.cpus)}
     links = {c: LinkCost(network[c].alpha * scale, network[c].beta) for c in LINK_CLASSES}
