@@ -134,17 +134,27 @@ def test_calibration_gives_every_rank_the_same_profile(name):
         # and the ring again cut into 32 messages per buffer.
         large = dict(first.info["large_calls"])
         kfit = large.pop("fit")
-        assert kfit["bytes"] == TINY.large_bytes and 0 <= kfit["kappa"] <= net.kappa
+        assert kfit["bytes"] == TINY.large_bytes and kfit["kappa"] >= 0
+        # Step 7's prices: one, or per link class where the intra chains cap kappa below the fit.
+        split = kfit["per_class"]
+        both = len(set(host_of)) > 1 and len(set(host_of)) < p
+        assert bool(split) == (both and kfit["kappa"] > 0)
+        kappa, kx = (split["intra_bound"], split["kappa_inter"]) if split.get("split") else (kfit["kappa"], None)
+        if split.get("split"):
+            assert split["kappa_inter"] > split["intra_bound"] and kfit["kappa"] > split["intra_bound"]
         assert list(large) == ["ring", "halving_doubling", "ring_segmented"]
         assert [v["algorithm"] for v in large.values()] == ["ring", "halving_doubling", "ring"]
         assert large["ring_segmented"]["segment_bytes"] == TINY.large_bytes // 32
         assert all(v["measured"] > 0 and v["predicted"] > 0 and v["segment_bytes"] > 0 for v in large.values())
         wire = first.info["wire"]
         if len(set(host_of)) < 2:  # no link between hosts: nothing to tell apart
-            assert wire == {} and net.kappa == kfit["kappa"]
-        else:  # a lone transfer against the inter shift: kappa and the inter beta follow the decision
+            assert wire == {} and (net.kappa, net.kappa_inter) == (kappa, kx)
+        else:  # a lone transfer against the inter shift: the prices and the inter beta follow the decision
             assert wire["bytes"] == TINY.large_bytes and wire["lone_s"] > 0 and wire["shift_s"] > 0
-            assert net.kappa == (max(kfit["kappa"], wire["processors"]) if wire["split"] else kfit["kappa"])
+            if wire["split"]:
+                kappa = max(kappa, wire["processors"])
+                kx = None if kx is None else max(kx, wire["processors"])
+            assert (net.kappa, net.kappa_inter) == (kappa, kx)
             assert net[INTER].beta == (wire["lone_beta"] if wire["split"] else wire["shift_beta"])
     else:
         assert net.op == 0 and first.info["per_call"] == {} and first.info["large_calls"] == {}
