@@ -99,7 +99,8 @@ class _State:
         if self.epsilon or self.kappa or self.network.kx:  # the step's endpoints at the busier end (as the cost model)
             ends = topo.endpoints(src, dst)
             alpha = alpha + self.epsilon * self.cpus.load(ends)
-            weighted = self.network.weighted_ends(ends, topo.endpoints(src, dst, only=inter))
+            inter_ends = ends if self.network.kappa_inter is None else topo.endpoints(src, dst, only=inter)
+            weighted = self.network.weighted_ends(ends, inter_ends)  # one price: inter_ends is not read
             per_byte = np.maximum(per_byte, self.cpus.load(weighted))
         per_segment = alpha + nbytes / k * per_byte
         if self.gamma and st.reduce.any():
