@@ -10,7 +10,7 @@ from conftest import run_world, simulate
 from ringlet.algorithms.executor import compile_plan
 from ringlet.collectives import runtime
 from ringlet.tuning.calibrate import PLANS, CalibrationPlan, calibrate, plan_named
-from ringlet.tuning.network import INTER, INTRA, Topology, host_layout
+from ringlet.tuning.network import INTER, INTRA, LINK_CLASSES, Topology, host_layout
 from ringlet.tuning.probe import chain, sharing, shift_pattern
 
 TINY = CalibrationPlan("tiny", (4, 4096, 65536), (1, 2), 1, (4096, 65536), 5.0, large_bytes=65536)
@@ -109,6 +109,10 @@ def test_calibration_gives_every_rank_the_same_profile(name):
     layout = host_layout(host_of)
     expect = sorted(([INTER] if len(layout) > 1 else []) + ([INTRA] if max(layout) > 1 else []))
     assert first.info["measured"] == expect
+    # Every step's seconds, in protocol order, adding up to the whole (rank 0's clock).
+    steps = first.info["step_seconds"]
+    assert list(steps) == [c for c in LINK_CLASSES if c in expect] + ["gamma", "per_call", "large", "wire"]
+    assert all(v >= 0 for v in steps.values()) and sum(steps.values()) == pytest.approx(first.info["seconds"])
     assert first.network.gamma > 0  # never 0: without growth with size it is time per byte
     for cls in expect:  # what was measured is there (the values are timings: not asserted)
         assert len(first.info["samples"][cls]["points"]) == 2 * len(TINY.sizes)

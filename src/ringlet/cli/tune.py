@@ -54,6 +54,7 @@ def _tune_in_job(out: str, plan: str) -> int:
         print(f"# ringlet tune: {fp.describe()}, plan {plan}, {prof.info['seconds']:.1f} s", flush=True)
         print(prof.network.table())
         info = prof.info
+        print("steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.get("step_seconds", {}).items()))
         print(f"executing one schedule (chain fit, not in the table): {info['op_overhead'] * 1e6:.2f} us")
         per_call = dict(info.get("per_call", {}))
         fit = per_call.pop("fit", None)

@@ -21,7 +21,9 @@ One step, for all its transfers at once (numpy arrays, no Python object per tran
   ``last`` and the arrival of the sender's own sends of the step before;
 * then the receiver's ``first``/``last`` become the max of their old values and the arrivals, and each
   link is ``busy`` until it has carried its own load of the step, ``t0 + k·α + m_link·b·β`` (the latest
-  over its transfers): a transfer held back by its other link leaves this one partly idle.
+  over its transfers): a transfer held back by its other link leaves this one partly idle. Where the
+  processors bind (``b·κ·e`` more), it stays busy until they have handled the transfer's bytes, so a
+  link's next step cannot overlap work its processors have not done.
 
 The collective's time is the latest ``last``. With one segment this is ``α + b·β`` per transfer plus
 ``b·γ`` per reducing receive along the critical path; with ``k`` segments a chain of steps on distinct
@@ -55,11 +57,13 @@ class Replay:
 
 class _Costs(NamedTuple):
     """One step's transfers: ``per_segment`` time (shared bandwidth and reduction included), ``alpha``
-    of their class, ``wire`` seconds at the class's full rate, the two links, transfers per link."""
+    of their class, ``wire`` seconds at the class's full rate, ``cpu`` seconds their bytes take the
+    processors that handle them (0 without ``kappa``), the two links, transfers per link."""
 
     per_segment: np.ndarray
     alpha: np.ndarray
     wire: np.ndarray
+    cpu: np.ndarray
     out_link: np.ndarray
     in_link: np.ndarray
     load: np.ndarray
@@ -96,18 +100,20 @@ class _State:
         alpha = self.alpha[cls]
         wire = nbytes * self.beta[cls]
         per_byte = self.beta[cls] * np.maximum(load[out_link], load[in_link])
+        cpu = np.zeros_like(nbytes)
         if self.epsilon or self.kappa or self.network.kx:  # the step's endpoints at the busier end (as the cost model)
             ends = topo.endpoints(src, dst)
             alpha = alpha + self.epsilon * self.cpus.load(ends)
             inter_ends = ends if self.network.kappa_inter is None else topo.endpoints(src, dst, only=inter)
             weighted = self.network.weighted_ends(ends, inter_ends)  # one price: inter_ends is not read
+            cpu = nbytes * self.cpus.load(weighted)
             per_byte = np.maximum(per_byte, self.cpus.load(weighted))
         per_segment = alpha + nbytes / k * per_byte
         if self.gamma and st.reduce.any():
             red = st.reduce.astype(bool)
             reducers = np.bincount(dst[red], minlength=topo.size)
             per_segment = per_segment + np.where(red, nbytes / k * self.gamma * reducers[dst], 0.0)
-        return _Costs(per_segment, alpha, wire, out_link, in_link, load)
+        return _Costs(per_segment, alpha, wire, cpu, out_link, in_link, load)
 
     def advance(self, st: StepArrays, held: np.ndarray) -> None:
         """Replay one step (all its transfers start from the state left by the earlier steps); the
@@ -128,10 +134,11 @@ class _State:
         self.sent = np.zeros_like(self.sent)
         np.maximum.at(self.sent, src, got_last)
         # A link is free again once it has carried its own load, which may be before the transfer ends:
-        # a transfer held back by its other link leaves this one partly idle for the next step's.
+        # a transfer held back by its other link leaves this one partly idle for the next step's. Where
+        # the processors bind, the link's next transfer waits for them too (they handle both).
         held = start + k * c.alpha
-        np.maximum.at(self.busy, c.out_link, held + c.wire * c.load[c.out_link])
-        np.maximum.at(self.busy, c.in_link, held + c.wire * c.load[c.in_link])
+        np.maximum.at(self.busy, c.out_link, held + np.maximum(c.wire * c.load[c.out_link], c.cpu))
+        np.maximum.at(self.busy, c.in_link, held + np.maximum(c.wire * c.load[c.in_link], c.cpu))
         np.maximum.at(self.first, dst, got_first)
         np.maximum.at(self.last, dst, got_last)
 

@@ -380,8 +380,21 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
     return network, seen
 
 
+class _StepClock:
+    """Seconds each step of the protocol took on this rank, in order (``info["step_seconds"]``)."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self.last
+        self.last = now
+
+
 def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
-    t0 = time.perf_counter()
+    clock = _StepClock()
     prober = Prober(rt)
     fits: dict[str, LinkFit] = {}
     samples: dict[str, list] = {}
@@ -393,15 +406,21 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
         fits[cls] = fit_link(got)
         samples[cls] = {"sharing": run.sharing,
                         "points": [[s.nbytes, s.steps, s.seconds] for s in got]}
+        clock.done(cls)
     gamma, per_add, gamma_points = _measure_gamma(prober, plan, rt.options.segment_bytes)
     check = [prober.time_check(8) for _ in range(plan.reps)]
     check_s = float(np.median(prober.gather(check).max(axis=0)))
+    clock.done("gamma")
     network, per_call = _measure_op(prober, plan, _network(fits, gamma, check_s), host_of)
+    clock.done("per_call")
     network, large = _measure_kappa(prober, plan, network, host_of)
+    clock.done("large")
     overhead = max((f.overhead for f in fits.values()), default=0.0)
     network, wire = measure_wire(prober, plan.large_bytes, network, host_of, overhead)
+    clock.done("wire")
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "plan": plan.name,
-            "seconds": time.perf_counter() - t0, "segment_bytes": rt.options.segment_bytes,
+            "seconds": clock.last - clock.t0, "step_seconds": clock.seconds,
+            "segment_bytes": rt.options.segment_bytes,
             "measured": sorted(fits), "fit": {c: f.to_dict() for c, f in fits.items()},
             "op_overhead": overhead, "check_overhead": check_s,
             "samples": samples, "gamma": {"per_call": per_add, "points": gamma_points}, "per_call": per_call,
