@@ -82,7 +82,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .cost import predict_allreduce
+from .cost import allreduce_signature, predict_allreduce
 from .fit import LinkFit, Sample, fit_gamma, fit_kappa, fit_link, fit_per_call
 from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topology
 from .probe import Prober, chain, sharing, shift_pattern
@@ -311,8 +311,12 @@ def large_call_predictor(network: Network, topology: Topology, nbytes: int, call
     """``predict(kappa)``: the step-7 calls' predicted seconds under ``network`` with that ``kappa``
     (``calls``: label -> (algorithm, segment bytes), in order; unchecked), as
     :func:`~ringlet.tuning.fit.fit_kappa` takes it; ``predict.under(net)``: the same under ``net``."""
+    # One signature per call, evaluated under every network the fits try (predict_allreduce's seconds).
+    sigs = [(allreduce_signature(a, nbytes, topology), np.array([math.inf if seg is None else float(seg)]))
+            for a, seg in calls.values()]
+
     def under(net: Network) -> list[float]:
-        return [predict_allreduce(a, nbytes, topology, net, segment_bytes=seg).seconds for a, seg in calls.values()]
+        return [float(sig.seconds(1, net, 4, seg)[0]) for sig, seg in sigs]
 
     def predict(kappa: float) -> list[float]:
         return under(dataclasses.replace(network, kappa=kappa))

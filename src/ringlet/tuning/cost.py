@@ -109,9 +109,16 @@ def predict_allreduce(algorithm: str, nbytes: int, topology: Topology, network: 
     multiple of ``itemsize``. ``checked``: as in :func:`predict`. Selection uses :class:`AllreduceCost`
     instead (no schedule per size)."""
     _check(itemsize, segment_bytes)
+    sig = allreduce_signature(algorithm, nbytes, topology, itemsize=itemsize)
+    return _predict(sig, 1, network, itemsize, segment_bytes, checked)
+
+
+def allreduce_signature(algorithm: str, nbytes: int, topology: Topology, *, itemsize: int = 4) -> Signature:
+    """The :class:`Signature` of ``algorithm``'s real schedule for ``nbytes``, to evaluate at one element
+    count (``sig.seconds(1, network, itemsize, segments)``) under many networks for the price of one
+    schedule: what :func:`predict_allreduce` gives, without its terms. Errors as there."""
     n = _elements(nbytes, itemsize)
-    schedule = _builder(algorithm)(topology.size, n, tuple(topology.host_of))
-    return predict(schedule, topology, network, itemsize=itemsize, segment_bytes=segment_bytes, checked=checked)
+    return Signature.of(_builder(algorithm)(topology.size, n, tuple(topology.host_of)), topology)
 
 
 def reference_count(topology: Topology) -> int:
