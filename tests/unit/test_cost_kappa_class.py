@@ -11,6 +11,7 @@ from ringlet import sim
 from ringlet.algorithms import ALLREDUCE
 from ringlet.tuning import cost, select
 from ringlet.tuning.adaptive import Adaptive
+from ringlet.tuning.calibrate import LARGE_CALLS, large_call_predictor
 from ringlet.tuning.network import INTER, INTRA, Cpus, LinkCost, Network, Topology
 from ringlet.tuning.signature import Signature, Stack
 from ringlet.tuning.wire import split_kappa
@@ -135,3 +136,20 @@ def test_split_kappa_keeps_a_kappa_the_intra_shift_allows():
 def test_split_kappa_needs_both_link_classes(host_of):
     out, seen = split_kappa(SINGLE, host_of, [1.0, 1.0, 1.0], _predict)
     assert out is SINGLE and seen == {}
+
+
+@pytest.mark.parametrize("host_of", [(0, 1, 2, 3), (0, 0, 1, 1), (0, 0, 1, 1, 1)], ids=str)
+def test_step_seven_predictor_gives_what_predict_allreduce_gives(host_of):
+    # The calibration's fits evaluate one signature per large call under every network they try; the
+    # seconds are predict_allreduce's (unchecked), for any kappa and per-class price.
+    topo, nbytes = Topology(host_of), 4 * 3 * 5 * 7 * 1024
+    calls = {c.label: (c.algorithm, nbytes // 32 if c.pieces else None) for c in LARGE_CALLS}
+    base = Network({INTRA: LinkCost(20e-6, 0.3e-9), INTER: LinkCost(90e-6, 1.1e-9)}, 0.1e-9,
+                   cpus=Cpus("machine", 2.0), epsilon=30e-6)
+    predict = large_call_predictor(base, topo, nbytes, calls)
+    for net in (dataclasses.replace(base, kappa=k) for k in (0.0, 0.4e-9, 2e-9)):
+        want = [cost.predict_allreduce(a, nbytes, topo, net, segment_bytes=s).seconds for a, s in calls.values()]
+        assert predict(net.kappa) == pytest.approx(want, rel=1e-12)
+        split = dataclasses.replace(net, kappa_inter=3e-9)
+        assert predict.under(split) == pytest.approx(
+            [cost.predict_allreduce(a, nbytes, topo, split, segment_bytes=s).seconds for a, s in calls.values()], rel=1e-12)
