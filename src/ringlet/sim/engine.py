@@ -106,8 +106,9 @@ class _State:
             alpha = alpha + self.epsilon * self.cpus.load(ends)
             inter_ends = ends if self.network.kappa_inter is None else topo.endpoints(src, dst, only=inter)
             weighted = self.network.weighted_ends(ends, inter_ends)  # one price: inter_ends is not read
-            cpu = nbytes * self.cpus.load(weighted)
-            per_byte = np.maximum(per_byte, self.cpus.load(weighted))
+            cpu_per_byte = self.cpus.load(weighted)
+            cpu = nbytes * cpu_per_byte
+            per_byte = np.maximum(per_byte, cpu_per_byte)
         per_segment = alpha + nbytes / k * per_byte
         if self.gamma and st.reduce.any():
             red = st.reduce.astype(bool)
