@@ -1,12 +1,13 @@
 """Per algorithm and shape: the cost model's MAE at >= 1 MiB in every all-shape sweep kept since session
-25 (attempts 12-17, from their errors.md), and in how many of them it met the 10% target.
+25 (attempts 12-18, from their errors.md), and in how many of them it met the 10% target.
     python benchmarks/results/cost_model_s28/probes/met_per_run.py"""
 import collections
 import os
 
 R = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 RUNS = ["cost_model_s25/attempt12", "cost_model_s27/attempt13", "cost_model_s27/attempt14",
-        "cost_model_s27/attempt15", "cost_model_s27/attempt16", "cost_model_s28/attempt17"]
+        "cost_model_s27/attempt15", "cost_model_s27/attempt16", "cost_model_s28/attempt17",
+        "cost_model_s28/attempt18"]
 seen = collections.defaultdict(list)
 for run in RUNS:
     for line in open(os.path.join(R, run, "errors.md")):
