@@ -7,8 +7,8 @@
 Modes: ``hvd`` (``ringlet.torch`` as Horovod, ``DistributedOptimizer``), ``ddp``
 (``ringlet.torch.DistributedDataParallel``), ``stock-ddp`` (``torch.nn.parallel.DistributedDataParallel``
 on Gloo). Models: ``cnn`` (about 2.5 M parameters, most of them in a layer whose gradient is ready early
-in backward, so communication can hide behind the convolutions' backward) and ``mlp`` (about 25 M
-parameters: communication-bound). With ``RINGLET_TIMELINE=trace.json`` (hvd, ddp) the run writes a
+in backward, so communication can hide behind the convolutions' backward), ``mlp`` (about 25 M
+parameters: communication-bound) and ``transformer`` (3.2 M parameters in attention and MLP blocks). With ``RINGLET_TIMELINE=trace.json`` (hvd, ddp) the run writes a
 trace; ``ringlet report trace.json`` then shows how much communication hid behind compute.
 """
 import argparse
@@ -36,6 +36,45 @@ def mlp():
     """3x32x32 -> 10 classes; 25.19 M parameters."""
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4096), nn.ReLU(), nn.Linear(4096, 2048), nn.ReLU(),
                          nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+
+
+class _Block(nn.Module):
+    """A pre-norm transformer block: self-attention, then a two-layer MLP, each with a residual."""
+
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class _VisionTransformer(nn.Module):
+    def __init__(self, dim=256, depth=4, heads=4, patch=8):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.pos = nn.Parameter(torch.zeros(1, (32 // patch) ** 2, dim))
+        self.blocks = nn.Sequential(*[_Block(dim, heads, 4 * dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+def transformer():
+    """3x32x32 -> 10 classes; a small vision transformer (16 patches of 8x8, 4 blocks of width 256,
+    3.22 M parameters). Every linear layer sees batch x 16 rows, so gathering sufficient factors costs
+    more than the gradient: the dense all-reduce is the path."""
+    return _VisionTransformer()
+
+
+MODELS = {"cnn": cnn, "mlp": mlp, "transformer": transformer}
 
 
 def setup(mode, model, optimizer, ddp_options=None, hvd_groups=None):
@@ -98,7 +137,7 @@ def _minor_faults():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
     parser.add_argument("--mode", choices=MODES, default="hvd")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--num-warmup-batches", type=int, default=2)
@@ -116,7 +155,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = cnn() if args.model == "cnn" else mlp()
+    model = MODELS[args.model]()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ddp_options = {k: float(v) for k, v in (o.split("=", 1) for o in args.ddp_option)}
     hvd_groups = None
