@@ -1,5 +1,5 @@
 """``ringlet bench --predict``: predictions beside the measured rows (with a stand-in cost model), and
-``benchmarks/prediction_error.py``'s table from bench JSON."""
+``benchmarks/cost_model/prediction_error.py``'s table from bench JSON."""
 from __future__ import annotations
 
 import importlib.util
@@ -112,7 +112,7 @@ def test_algorithm_of():
     assert predict.algorithm_of(row("ringlet:ring", 4, 1.0, collective="broadcast")) is None
 
 
-# ---- benchmarks/prediction_error.py ---------------------------------------------------------------
+# ---- benchmarks/cost_model/prediction_error.py ---------------------------------------------------------------
 def _script():
     spec = importlib.util.spec_from_file_location("prediction_error", ROOT / "benchmarks" / "prediction_error.py")
     mod = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""The priority arms and the deep model of benchmarks/paired_ddp.py (argument parsing only; the paired
+"""The priority arms and the deep model of benchmarks/training_ddp/paired_ddp.py (argument parsing only; the paired
 measurement itself runs on the emulated cluster)."""
 from __future__ import annotations
 

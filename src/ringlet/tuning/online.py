@@ -3,7 +3,7 @@
 An isolated benchmark can rank algorithms wrongly for training: there, communication shares the CPU
 (and, in the cluster emulation or a container, a CPU quota) with the backward pass, and an algorithm
 with fewer dependent steps can finish sooner even if it is slower alone. Measured on 4 emulated hosts
-with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_under_load.py``): on idle hosts a 10 MB
+with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_cluster/allreduce_under_load.py``): on idle hosts a 10 MB
 ``direct`` all-reduce takes 1.05x the ring's time, beside a busy compute thread 0.8-0.9x. Inside real
 training steps the two came out within a few percent of each other, in either order
 (``benchmarks/results/e_train_4x1_1gbit_s2/ab_algorithms.txt``, ``.../e_train_4x1_1gbit_s3``), so a
