@@ -1,6 +1,6 @@
 """Print the issue-3 target ratios from the JSON files of ``benchmarks/allreduce_cluster/cluster_suite.sh``.
 
-    python benchmarks/allreduce_cluster/summarize.py [benchmarks/results]
+    python benchmarks/allreduce_cluster/summarize.py [benchmarks/allreduce_cluster/results]
 
 Every ratio compares implementations measured in the same run (same job, same data). Times and
 bandwidths are the in-place columns (``--column oop`` for out-of-place): in place, no implementation

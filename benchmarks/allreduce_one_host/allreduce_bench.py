@@ -4,7 +4,7 @@ Launch with the torch transport; ``--shm`` also times ringlet over the shared-me
 same run, on the same data, so the ratios are side by side::
 
     ringlet run -np 4 --transport torch -- python benchmarks/allreduce_one_host/allreduce_bench.py --shm \
-        --out benchmarks/results/allreduce_1host_4p.md
+        --out benchmarks/allreduce_one_host/results/sweep_4p.md
 
 Each number is the slowest rank's median over timing blocks that interleave all implementations
 (A B C A B C ...), so a slow spell of a shared machine hits every one of them alike; a

@@ -3,7 +3,7 @@
 
     ringlet bench --cluster --algorithms all -b 4 -e 256M --predict auto --json 4x1_1gbit.json
     python benchmarks/cost_model/prediction_error.py 4x1_1gbit.json:"4 hosts x 1, 1 Gbit/s" 2x2_1gbit.json \
-        --out benchmarks/results/prediction_error.md
+        --out errors.md
 
 Each input is ``PATH`` or ``PATH:LABEL`` (default label: ranks, hosts and transport from the file);
 inputs with the same label are one cluster (a small-size and a large-size sweep, say). For

@@ -6,9 +6,8 @@
 # periods, so a throttled period is not the whole block), and 1 MiB-256 MiB with the default counts.
 # Needs root and an otherwise idle machine.
 #   usage: sudo [BURST=port|96K|] benchmarks/cost_model/prediction_suite.sh OUTDIR [4x1_1gbit] [2x2_1gbit] [4x1_10gbit] [2x2_10gbit]
-# BURST sets the links' token bucket (`ringlet cluster up --burst`). The default, port, is what attempt 9
-# ran on (benchmarks/results/cost_model_s22, cost_model_s23); BURST= (empty) is the emulator's default of
-# 2 ms of traffic, as attempts 1-8 ran.
+# BURST sets the links' token bucket (`ringlet cluster up --burst`). The default, port, is what the results
+# in benchmarks/cost_model/results ran on; BURST= (empty) is the emulator's default of 2 ms of traffic.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: prediction_suite.sh OUTDIR [SHAPE...]}; shift

@@ -4,8 +4,8 @@ CLUSTER=(.venv/bin/ringlet cluster)
 ALGOS=auto,ring,tree,halving_doubling,recursive_doubling,direct,hierarchical,torus
 trap '"${CLUSTER[@]}" down >/dev/null 2>&1 || true' EXIT
 # The links' token buckets (`ringlet cluster up --burst`): unset, `port` (the smallest that holds the rate,
-# 96K at 1 Gbit/s and 256K at 10 Gbit/s, as attempt 9 measured); bytes such as 96K; empty (BURST=) for the
-# emulator's default of 2 ms of traffic, as attempts 1-8 ran.
+# 96K at 1 Gbit/s and 256K at 10 Gbit/s, as measured on the emulated links); bytes such as 96K; empty (BURST=)
+# for the emulator's default of 2 ms of traffic.
 BURST=${BURST-port}
 
 # calibrate SHAPE: bring the cluster up as SHAPE (HOSTSxRANKS_LINK, e.g. 4x1_1gbit; with BURST's buckets)

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 RINGLET=${RINGLET:-.venv/bin/ringlet}
 PY=${PY:-$(pwd)/.venv/bin/python}
 LOCAL=${LOCAL:-0}
-OUT=${OUT:-benchmarks/results/dynamic_link_$([ "$LOCAL" = 1 ] && echo local || echo "${HOSTS:-4}x${PER_HOST:-1}")}
+OUT=${OUT:-benchmarks/dynamic_link/results/$([ "$LOCAL" = 1 ] && echo local || echo "${HOSTS:-4}x${PER_HOST:-1}")}
 MODEL=${MODEL:-cnn}
 STEPS=${STEPS:-400}
 EVERY=${EVERY:-10}

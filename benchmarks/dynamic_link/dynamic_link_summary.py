@@ -9,7 +9,7 @@ stretch at one rate) it reports the steps from the change to the first switch, t
 median step time after the phase's last switch (``--settle`` steps later) against the best and the worst
 fixed configuration at that rate: the ratio to the best is what "within 10%" is about. That median leaves
 out the steps that start within ``--guard`` seconds before the next change: a stamp can lag the change it
-records (dynamic_link.sh before session 25 wrote it after `ringlet cluster link` returned, 1.6-3.5 s late).
+records (a stamp written after `ringlet cluster link` returns is 1.6-3.5 s late).
 """
 from __future__ import annotations
 

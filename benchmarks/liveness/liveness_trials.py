@@ -2,8 +2,8 @@
 in the middle of an all-reduce loop, and measure when every survivor raises and whom it names.
 
     ringlet cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5
-    python benchmarks/liveness/liveness_trials.py --trials 10 --out benchmarks/results/liveness_s13/trials.json
-    python benchmarks/liveness/liveness_trials.py --control --out benchmarks/results/liveness_s13/control.json
+    python benchmarks/liveness/liveness_trials.py --trials 10 --out benchmarks/liveness/results/trials.json
+    python benchmarks/liveness/liveness_trials.py --control --out benchmarks/liveness/results/control.json
 
 Each trial runs ``ringlet run --cluster -np 4 -- python benchmarks/liveness/liveness_worker.py`` (one rank per
 emulated host), waits until every rank is in its loop, injects the fault into the victim (ranks 1-3 in

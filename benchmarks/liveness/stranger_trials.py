@@ -3,7 +3,7 @@ rendezvous) and every rank's Gloo listeners, approached from another emulated ho
 without the job's secret. The job must finish with correct results, and each refusal must be logged.
 
     ringlet cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5
-    python benchmarks/liveness/stranger_trials.py --trials 3 --out benchmarks/results/liveness_s13/strangers.json
+    python benchmarks/liveness/stranger_trials.py --trials 3 --out benchmarks/liveness/results/strangers.json
 
 The stranger (this script re-run inside host ``rgl-h3`` with ``--stranger``) tries torch's
 ``TCPStore`` client and random bytes at the store, and an idle connection, random bytes and a fake

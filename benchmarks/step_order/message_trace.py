@@ -8,8 +8,8 @@ and compiles), writes ``OUT/rank<r>.json`` and rank 0 prints every rank's messag
 kind (``S``/``R``), peer, step (the tag's offset from the call's first), KiB, and the milliseconds since
 the call began at which it was posted and its wait returned. A wait returns when the executor asks
 for it (in its action order), so a late return may be the executor's order, not the data's: a receive
-posted late shows where the plan held it back. This is how session 21 found the tree applying one
-child's segments before the other's (benchmarks/results/cost_model_s21/README.md).
+posted late shows where the plan held it back: a tree that applies one child's segments before the
+other's shows as the second child's receives returning late.
 """
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def build_arm(spec: str, model_name: str, opt_name: str = "sgd"):
             optimizer = _hvd_optimizer(optimizer, model, opts)
             if private.pop("_no_header", False):
                 _drop_header(optimizer)
-            if private.pop("_copy_grads", False):  # ablation: reduced gradients copied into .grad (before s17)
+            if private.pop("_copy_grads", False):  # ablation: reduced gradients copied into .grad
                 optimizer._ordered._take = lambda grad, result: grad.copy_(result) if grad.data_ptr() != \
                     result.data_ptr() else None
     elif kind == "torch":

@@ -1,6 +1,6 @@
 """Print the issue-4 training table from ``benchmarks/training_ddp/training_cluster.sh``'s logs and reports.
 
-    python benchmarks/training_ddp/summarize_training.py [benchmarks/results/e_train_4x1_1gbit]
+    python benchmarks/training_ddp/summarize_training.py [benchmarks/training_ddp/results/cluster_4x1_1gbit]
 
 Per model and mode: images/s per rank on 1 and on 4 ranks (mean over the repetitions, each repetition a
 separate job; modes were interleaved within a repetition), scaling efficiency (4-rank rate / 1-rank rate
@@ -31,7 +31,7 @@ def rate(log: Path) -> tuple[float, int, str]:
     return float(m.group(1)), int(b.group(1)), a.group(1) if a else "-"
 
 
-def main(root: str = "benchmarks/results/e_train_4x1_1gbit") -> None:
+def main(root: str = "benchmarks/training_ddp/results/cluster_4x1_1gbit") -> None:
     d = Path(root)
     models = sorted({p.name.split("_")[0] for p in d.glob("*_np4_r*.log")})
     print("| model | mode | img/s/rank, 1 rank | img/s/rank, 4 ranks | scaling eff. | step ms | comm hidden | "

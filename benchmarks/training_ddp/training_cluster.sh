@@ -6,11 +6,11 @@
 # Needs root and an otherwise idle machine.
 #   usage: sudo benchmarks/training_ddp/training_cluster.sh [cnn] [mlp]     (default: both)
 #   REPS=2 repetitions numbered from REP_FIRST=1; NP1=0 skips the 1-rank baselines (to add repetitions later);
-#   OUT=dir writes there instead of benchmarks/results/e_train_4x1_1gbit
+#   OUT=dir writes there instead of benchmarks/training_ddp/results/cluster_4x1_1gbit
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-R=benchmarks/results
-OUT=${OUT:-$R/e_train_4x1_1gbit}
+R=benchmarks/training_ddp/results
+OUT=${OUT:-$R/cluster_4x1_1gbit}
 mkdir -p "$OUT"
 RINGLET=.venv/bin/ringlet
 PY=$(pwd)/.venv/bin/python

@@ -1,6 +1,6 @@
 """Peak memory per rank of ringlet's DDP and of ZeRO stages 1-3, beside the theory (issue 19).
 
-    python benchmarks/zero/zero_memory.py --np 4 --out benchmarks/results/zero_memory_s12.md
+    python benchmarks/zero/zero_memory.py --np 4 --out benchmarks/zero/results/memory_4r_100M.md
 
 Runs one job per arm (``ringlet run -np N --transport shm``), so peaks never mix: ``ddp`` (ringlet's
 ``DistributedDataParallel`` + ``torch.optim.Adam``) and ``zero1``/``zero2``/``zero3``
