@@ -13,7 +13,7 @@ from mp_jobs import HERE, job_report, require_transport, run_job
 
 from ringlet import algorithms
 
-SOAK = str(HERE.parent.parent / "benchmarks" / "soak.py")
+SOAK = str(HERE.parent.parent / "benchmarks" / "soak" / "soak.py")
 KINDS = ("allreduce", "allgather", "broadcast", "reduce", "reduce_scatter", "alltoall", "barrier")
 
 

@@ -70,8 +70,8 @@ def test_a_folder_without_readme_is_an_error(tmp_path):
 
 
 def test_no_session_or_attempt_labels_under_benchmarks():
-    out = subprocess.run(["git", "grep", "-nIE", r"_s[0-9]+\b|[Ss]ession [0-9]|[Aa]ttempt [0-9]", "--", "benchmarks"],
-                         cwd=ROOT, capture_output=True, text=True)
+    labels = r"_s[0-9]+\b|[Ss]ession [0-9]|[Aa]ttempt [0-9]"
+    out = subprocess.run(["git", "grep", "-nIE", labels, "--", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
     if out.returncode == 128:
         pytest.skip("not a git checkout")
     assert out.stdout == "", out.stdout[:2000]

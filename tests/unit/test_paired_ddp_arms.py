@@ -10,7 +10,7 @@ import torch
 
 from ringlet.torch.training import Priority
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paired_ddp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_ddp" / "paired_ddp.py"
 
 
 @pytest.fixture(scope="module")
