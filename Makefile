@@ -24,7 +24,7 @@ test: setup
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_bench.py
+	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_one_host/allreduce_bench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -3,7 +3,7 @@ loop, over Gloo with one node launcher per "host" (three entries of this machine
 memory; every survivor raises a ``PeerError`` naming the rank, the launcher exits non-zero and names
 it, nothing hangs (each job is bounded). A slow but live rank (a long pause between collectives) and
 a clean early exit raise nothing. Cutting a link needs the emulated cluster: see
-benchmarks/liveness_trials.py."""
+benchmarks/liveness/liveness_trials.py."""
 from __future__ import annotations
 
 import json

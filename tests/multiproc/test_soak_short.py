@@ -1,4 +1,4 @@
-"""A short soak (``benchmarks/soak.py``) with real processes over Gloo and shared memory: 300 mixed
+"""A short soak (``benchmarks/soak/soak.py``) with real processes over Gloo and shared memory: 300 mixed
 collectives on 4 ranks (every collective, blocking and ``_async`` forms with handles outstanding, in-place
 forms, four groups, every all-reduce algorithm and ``auto``, sizes up to 256 KiB). Every result must equal
 the soak's reference and, after the first sample, descriptors and threads must stay constant. Memory
@@ -13,7 +13,7 @@ from mp_jobs import HERE, job_report, require_transport, run_job
 
 from ringlet import algorithms
 
-SOAK = str(HERE.parent.parent / "benchmarks" / "soak.py")
+SOAK = str(HERE.parent.parent / "benchmarks" / "soak" / "soak.py")
 KINDS = ("allreduce", "allgather", "broadcast", "reduce", "reduce_scatter", "alltoall", "barrier")
 
 

@@ -1,5 +1,5 @@
 """``ringlet bench --predict``: predictions beside the measured rows (with a stand-in cost model), and
-``benchmarks/prediction_error.py``'s table from bench JSON."""
+``benchmarks/cost_model/prediction_error.py``'s table from bench JSON."""
 from __future__ import annotations
 
 import importlib.util
@@ -112,9 +112,10 @@ def test_algorithm_of():
     assert predict.algorithm_of(row("ringlet:ring", 4, 1.0, collective="broadcast")) is None
 
 
-# ---- benchmarks/prediction_error.py ---------------------------------------------------------------
+# ---- benchmarks/cost_model/prediction_error.py ----------------------------------------------------
 def _script():
-    spec = importlib.util.spec_from_file_location("prediction_error", ROOT / "benchmarks" / "prediction_error.py")
+    path = ROOT / "benchmarks" / "cost_model" / "prediction_error.py"
+    spec = importlib.util.spec_from_file_location("prediction_error", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["prediction_error"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)

@@ -57,7 +57,7 @@ def test_the_tree_forwards_its_first_segment_after_one_from_each_child():
 
 
 def test_without_the_rule_peers_are_applied_one_after_another():
-    # The A/B arm of benchmarks/step_order.py --rule interleave: each peer's segments in schedule order,
+    # The A/B arm of benchmarks/step_order/step_order.py --rule interleave: each peer's segments in schedule order,
     # peer after peer, and the plan is cached apart from the default one.
     sched = algorithms.ALLREDUCE["tree"](4, N, (0, 1, 2, 3))
     plan = compile_plan(sched, 1, SEG, True, False)

@@ -1,4 +1,4 @@
-"""The priority arms and the deep model of benchmarks/paired_ddp.py (argument parsing only; the paired
+"""The priority arms and the deep model of benchmarks/training_ddp/paired_ddp.py (argument parsing only; the paired
 measurement itself runs on the emulated cluster)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from ringlet.torch.training import Priority
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paired_ddp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_ddp" / "paired_ddp.py"
 
 
 @pytest.fixture(scope="module")

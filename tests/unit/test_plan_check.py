@@ -45,7 +45,7 @@ def test_the_other_collectives_plans_are_sound(p):
 
 @pytest.mark.parametrize("rules", [(False, True), (True, False)])
 def test_plans_with_a_rule_off_are_sound_too(rules):
-    """The A/B arms of benchmarks/step_order.py run the same code paths with one rule off."""
+    """The A/B arms of benchmarks/step_order/step_order.py run the same code paths with one rule off."""
     for algo in sorted(algorithms.ALLREDUCE):
         for p in (3, 4, 6):
             sched = algorithms.ALLREDUCE[algo](p, 100, tuple(r // 2 for r in range(p)))

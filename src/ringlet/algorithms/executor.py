@@ -38,10 +38,10 @@ from .scratch import scratch as _scratch
 POST_RECV, POST_SEND, APPLY = 0, 1, 2
 
 #: Sends leave in step order (see the module doc). False only for an A/B measurement
-#: (``benchmarks/step_order.py``); both kinds of plan are cached apart.
+#: (``benchmarks/step_order/step_order.py``); both kinds of plan are cached apart.
 HOLD_NEW_PEERS = True
 #: A step's segments from several peers are applied in turn (see the module doc). False only for an A/B
-#: measurement (``benchmarks/step_order.py --rule interleave``).
+#: measurement (``benchmarks/step_order/step_order.py --rule interleave``).
 INTERLEAVE_PEERS = True
 
 

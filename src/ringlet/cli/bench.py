@@ -13,7 +13,8 @@ counts them, ratio to ``none``, error vs the exact sum; :func:`ringlet.bench.swe
 without an explicit ``--collectives`` it then replaces the plain sweep.
 
 ``--predict auto|PROFILE`` adds the cost model's predicted time and its relative error beside every
-all-reduce algorithm's row (:mod:`ringlet.bench.predict`); ``benchmarks/prediction_error.py`` sums them up.
+all-reduce algorithm's row (:mod:`ringlet.bench.predict`); ``benchmarks/cost_model/prediction_error.py``
+sums them up.
 """
 from __future__ import annotations
 

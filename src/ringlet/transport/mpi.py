@@ -24,9 +24,9 @@ from .base import Handle, PostingTransport, nbytes
 # Polling a request: spin briefly (latency), yield for a while, then sleep in short naps (one Test per
 # nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to the
 # ranks doing work (CPU oversubscription is common on CI) and do not burn a CPU quota: a host limited to
-# half a CPU that yields for milliseconds per message is throttled for the rest of the quota period
-# (benchmarks/results/small_messages_s9.md). The yield lasts longer than a small message's round between
-# hosts, since MPICH progresses a request only inside MPI calls (benchmarks/results/small_messages_s17.md).
+# half a CPU that yields for milliseconds per message is throttled for the rest of the quota period.
+# The yield lasts longer than a small message's round between hosts, since MPICH progresses a request
+# only inside MPI calls (benchmarks/small_messages/README.md).
 # Environment knobs for experiments.
 _SPIN_TESTS = 8
 _YIELD_SECONDS = float(os.environ.get("RINGLET_MPI_YIELD_US") or 500) * 1e-6

@@ -14,7 +14,7 @@ constant is refitted where it dominates (:func:`_by_regime`): the overhead and `
 whose bandwidth part is small, ``beta`` on those where it is most of the time. Real links are not
 linear in between (a rate limiter's burst lets the first few hundred kB through at line rate; a CPU
 quota stretches small messages), and one line through all sizes misses both ends; measured on the
-emulated cluster, ``beta`` came out 24 % low (benchmarks/results/cost_model_s11).
+emulated cluster, ``beta`` came out 24 % low.
 :func:`fit_gamma` finds the per-byte reduction cost from timed in-place additions, :func:`fit_per_call`
 the per-call and per-endpoint constants from whole collectives of one element, :func:`fit_kappa` the
 per-byte processor cost from whole collectives of a large size.

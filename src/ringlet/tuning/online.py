@@ -3,11 +3,10 @@
 An isolated benchmark can rank algorithms wrongly for training: there, communication shares the CPU
 (and, in the cluster emulation or a container, a CPU quota) with the backward pass, and an algorithm
 with fewer dependent steps can finish sooner even if it is slower alone. Measured on 4 emulated hosts
-with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_under_load.py``): on idle hosts a 10 MB
-``direct`` all-reduce takes 1.05x the ring's time, beside a busy compute thread 0.8-0.9x. Inside real
-training steps the two came out within a few percent of each other, in either order
-(``benchmarks/results/e_train_4x1_1gbit_s2/ab_algorithms.txt``, ``.../e_train_4x1_1gbit_s3``), so a
-challenger replaces the first candidate (the static choice) only when it is faster by more than
+with 0.5 CPU and 1 Gbit/s each (``benchmarks/allreduce_cluster/allreduce_under_load.py``): on idle
+hosts a 10 MB ``direct`` all-reduce takes 1.05x the ring's time, beside a busy compute thread
+0.8-0.9x. Inside real training steps the two came out within a few percent of each other, in either
+order, so a challenger replaces the first candidate (the static choice) only when it is faster by more than
 ``margin``: a choice made on noise would otherwise flip from run to run.
 
 :class:`OnlineChoice` is the bookkeeping only: after ``warmup`` steps it hands out the candidates in
@@ -19,9 +18,9 @@ choice from the same numbers.
 
 Five steps per candidate are not always enough: on the emulated cluster, step times spread by ±10% from
 CPU-quota periods, and at a batch size where sufficient factors save 10-13% of the step the tuner kept
-the dense reduction in 1 of 6 runs in one session and 3 of 3 short runs in the next
-(``benchmarks/results/e_train_4x1_1gbit_s8``). So :meth:`stats` also gives each candidate's spread
-(the median absolute deviation, scaled to a standard deviation), and :meth:`decide` asks for
+the dense reduction in 1 of 6 runs and in 3 of 3 short runs (``benchmarks/training_ddp/``). So
+:meth:`stats` also gives each candidate's spread (the median absolute deviation, scaled to a standard
+deviation), and :meth:`decide` asks for
 ``trials`` more steps each, up to ``max_trials``, while the best candidate's median is within two
 standard errors of the line it must cross (the first candidate's time less the margin): the trials
 stop as soon as the numbers separate, and cost steps only where the candidates are close.
