@@ -45,9 +45,10 @@ ratio. The warm-up steps (and with them the step tuner's trials) are not in it. 
 the traced arm's share of communication that overlapped a forward
 (:func:`ringlet.torch.training.forward_overlap.forward_overlap`).
 
-``--model``: ``cnn`` (2.5 M parameters, 8 layers), ``mlp`` (25 M, 4 layers) or ``deep`` (a 24-layer MLP,
-3072 -> 23 x 512 -> 10, 7.3 M parameters: many small layers, where the next forward can start on the first
-layers while the last ones' gradients are on the wire).
+``--model``: ``cnn`` (2.5 M parameters, 8 layers), ``mlp`` (25 M, 4 layers), ``transformer`` (a small
+vision transformer, 3.2 M parameters in attention and MLP blocks, where sufficient factors do not pay) or
+``deep`` (a 24-layer MLP, 3072 -> 23 x 512 -> 10, 7.3 M parameters: many small layers, where the next
+forward can start on the first layers while the last ones' gradients are on the wire).
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def deep_mlp(layers: int = 24, width: int = 512) -> torch.nn.Module:
     return torch.nn.Sequential(*mods)
 
 
-MODELS = {"cnn": synthetic_benchmark.cnn, "mlp": synthetic_benchmark.mlp, "deep": deep_mlp}
+MODELS = {**synthetic_benchmark.MODELS, "deep": deep_mlp}
 
 
 def parse_arm(spec: str) -> tuple[str, dict]:
