@@ -212,7 +212,7 @@ def _predict(o: SweepOptions, rows: list, rt) -> None:
     network, topology, source = model
     itemsize = torch.empty(0, dtype=getattr(torch, o.dtype)).element_size()
     segment = predict.executor_segment(rt.options.segment_bytes, tuple(rt.world.host_of), itemsize,
-                                       getattr(rt.transport, "max_segment_bytes", None))
+                                       rt.transport.capabilities.max_segment_bytes, rt.selector.model)
     if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment,
                                                                   rt.options.check)):
         print(f"# predictions from {source}\n{predict.table(rows)}", flush=True)
