@@ -19,6 +19,14 @@ OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 P2P_SMALL = dataclasses.replace(InprocTransport.capabilities, small_path="p2p", small_bytes=64 << 10)
 
 
+def use_model(monkeypatch, model) -> None:
+    """Every runtime made during the test starts with a selector of cost ``model`` (None: the size rule),
+    as ``ringlet.init`` gives one from a calibration profile."""
+    from ringlet.tuning.select import Selector
+
+    monkeypatch.setattr("ringlet.runtime.Selector", lambda: Selector(model))
+
+
 def run_world(p: int, fn, *, options: Options | None = None, world: InprocWorld | None = None, **world_kw):
     """Run ``fn(rank)`` on every rank of an in-process world of ``p`` ranks, each thread with its own
     :class:`Runtime` made current by ``use_runtime``; return the results in rank order."""
