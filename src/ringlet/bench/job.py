@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import ringlet
-from ringlet.benchmarking import parse_size
+from ringlet.sizes import parse_size
 
 from . import report
 from . import impls
@@ -267,4 +267,8 @@ def relaunch(command: str, np_: int | None, transport: str | None, hosts: str | 
 
     cmd = [sys.executable, "-m", "ringlet.cli.main", command] + strip_launch_args(sys.argv[2:])
     np_ = np_ if np_ is not None or hosts or cluster else 2
-    return run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster)
+    if cluster:
+        from ..cluster import run_job
+
+        return run_job(cmd, np_, transport=transport, hosts=hosts)
+    return run(cmd, np_, transport=transport, hosts=hosts)
