@@ -81,10 +81,11 @@ def small_allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm:
     """Reduce ``flat`` in place over the transport's small-message path (:mod:`ringlet.engine.small`,
     with ``meta`` checked in band when given) and return True, when ``algorithm`` is ``"auto"`` and
     the path takes ``flat``'s size on this group; else return False, untouched."""
-    if algorithm != AUTO or ch.size < 2 or not small.takes(ch, flat.numel() * flat.element_size()):
+    how = small.carrier(ch) if algorithm == AUTO else None
+    if how is None or flat.numel() * flat.element_size() > ch.transport.capabilities.small_bytes:
         return False
     src = None if pre == 1.0 else scale_(flat.clone(), pre)
-    small.allreduce_(ch, flat, red, meta, src)
+    small.allreduce_(ch, flat, red, meta, src, how=how)
     finish_(flat, red, ch.size, post)
     return True
 

@@ -58,13 +58,14 @@ def takes(ch: Channel, nbytes: int) -> bool:
 
 
 def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, meta: Meta | None,
-               src: torch.Tensor | None = None) -> None:
+               src: torch.Tensor | None = None, *, how: str | None = None) -> None:
     """``flat`` (1-D, contiguous) becomes the reduction (not yet averaged) of every member's vector over
-    the group's small-message path (:func:`takes` must hold). This member's vector is ``src`` (same
-    dtype and size, e.g. a prescaled copy) or ``flat`` itself. With ``meta``, every member checks every
-    record first and raises the same MismatchError on all members if any differs; without it, only the
-    sizes are compared. ``flat`` is written only after the check passed."""
-    how = carrier(ch)
+    the group's small-message path (:func:`takes` must hold; ``how``: :func:`carrier`'s answer when the
+    caller has it). This member's vector is ``src`` (same dtype and size, e.g. a prescaled copy) or
+    ``flat`` itself. With ``meta``, every member checks every record first and raises the same
+    MismatchError on all members if any differs; without it, only the sizes are compared. ``flat`` is
+    written only after the check passed."""
+    how = carrier(ch) if how is None else how
     if how is None:
         raise ValueError(f"the {ch.transport.name} transport has no small-message path for this group")
     rec = b"" if meta is None else meta.encode()
