@@ -123,11 +123,11 @@ def _mismatch_cases(p):
     }
 
 
-@pytest.fixture(params=["schedules", "p2p-rd"])
+@pytest.fixture(params=["schedules", "p2p"])
 def carrier(request, monkeypatch):
     """The core API's checks and small all-reduces on ringlet's schedules (the in-process default), or
     over the in-band recursive doubling that MPI's transport asks for (``capabilities.small_path == "p2p"``)."""
-    if request.param == "p2p-rd":
+    if request.param == "p2p":
         monkeypatch.setattr(InprocTransport, "capabilities", P2P_SMALL)
     return request.param
 

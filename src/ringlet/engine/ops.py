@@ -24,7 +24,9 @@ from typing import Sequence
 
 import torch
 
-from ..algorithms import ALLREDUCE, AUTO, NATIVE, alltoall as alltoall_alg, barrier as barrier_alg, binomial, direct, ring
+from ..algorithms import ALLREDUCE, AUTO, NATIVE, binomial, direct, ring
+from ..algorithms import alltoall as alltoall_alg
+from ..algorithms import barrier as barrier_alg
 from ..types import Reduction, dtype_name
 from . import agree, small
 from .channel import Channel

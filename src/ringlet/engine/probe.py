@@ -132,7 +132,8 @@ class Prober:
         n = int(head.item())
         if n == 0:
             return b""
-        buf = torch.frombuffer(bytearray(mine), dtype=torch.uint8) if rt.rank == root else torch.empty(n, dtype=torch.uint8)
+        buf = (torch.frombuffer(bytearray(mine), dtype=torch.uint8) if rt.rank == root
+               else torch.empty(n, dtype=torch.uint8))
         if p > 1:
             rt.channel(self.group).run(binomial.broadcast(p, n, root), (buf,))
         return buf.numpy().tobytes()

@@ -46,4 +46,5 @@ def create(name: str | None = None, *, join=None) -> Transport:
     raise ValueError(f"Unknown transport {name!r}; choose one of {', '.join(NAMES)}.")
 
 
-__all__ = ["COMPLETED", "Capabilities", "Handle", "HostInfo", "Transport", "WireCount", "WireCounter", "create", "detect", "NAMES"]
+__all__ = ["COMPLETED", "Capabilities", "Handle", "HostInfo", "Transport", "WireCount", "WireCounter", "create",
+           "detect", "NAMES"]

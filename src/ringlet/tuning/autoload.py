@@ -19,8 +19,8 @@ With a profile, the runtime's selector takes its network as the cost model
 from it; without one the selector follows the size rule.
 
 Rank 0 reads the file and broadcasts its bytes (through the prober it is handed,
-:class:`ringlet.engine.probe.Prober`, which also runs a calibration); every rank parses the same bytes, so every rank holds
-the same numbers or raises the same error. A collective: every rank calls it with the same options.
+:class:`ringlet.engine.probe.Prober`, which also runs a calibration); every rank parses the same bytes,
+so every rank holds the same numbers or raises the same error. A collective: every rank calls it with the same options.
 """
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ def attach(rt, prober) -> Profile | None:
     if prof is not None:
         rt.profile, rt.network_model = prof, (prof.network, Topology(tuple(rt.world.host_of)))
         # "auto" now follows the cost model on every rank, among the segments the transport runs
-        rt.selector = Selector(Model(prof.network, segments=segments_up_to(rt.transport.capabilities.max_segment_bytes)))
+        segments = segments_up_to(rt.transport.capabilities.max_segment_bytes)
+        rt.selector = Selector(Model(prof.network, segments=segments))
         if rt.rank == 0:
             log.info("ringlet: network model of %s from %s", fp.describe(), path)
     return prof

@@ -3,9 +3,10 @@ signatures of every all-reduce algorithm, answering "which algorithm and segment
 this message" in microseconds.
 
 Re-exported as :class:`ringlet.tuning.select.Model`; a :class:`ringlet.tuning.select.Selector` holding
-one is what the runtime hands the engine. Deterministic: predictions are plain IEEE arithmetic summed in a fixed order, and
-ties (within a relative ``1e-9``) go to the earlier algorithm of :data:`PREFERENCE` and the earlier
-segment size of :data:`SEGMENTS`, so ranks given the same constants choose the same.
+one is what the runtime hands the engine. Deterministic: predictions are plain IEEE arithmetic summed
+in a fixed order, and ties (within a relative ``1e-9``) go to the earlier algorithm of
+:data:`PREFERENCE` and the earlier segment size of :data:`SEGMENTS`, so ranks given the same constants
+choose the same.
 """
 from __future__ import annotations
 
