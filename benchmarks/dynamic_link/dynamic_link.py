@@ -78,7 +78,7 @@ class Trainer:
 
 
 def run_adapt(args) -> dict:
-    if select.installed() is None:
+    if ringlet.collectives.runtime().selector.model is None:
         raise SystemExit("adapt: no cost model is installed; give the calibration profile with RINGLET_PROFILE=PATH "
                          "(made by `ringlet tune --cluster --out PATH`)")
     t = Trainer(args.model, args.batch_size, bucket_cap_mb=args.bucket_cap_mb, adapt=Adapt(every=args.every),

@@ -28,14 +28,14 @@ CALLS = 500
 def layers(rt, t: torch.Tensor) -> dict:
     g, red, flat = rt.world, reduction("sum"), t.view(-1)
     meta = Meta.of("", Kind.ALLREDUCE, t, op=red.op)
-    how = small.carrier(rt.channel(g), flat.numel() * flat.element_size())
+    how = small.carrier(rt.channel(g)) if small.takes(rt.channel(g), flat.numel() * flat.element_size()) else None
     runs = {
         "public": lambda: ringlet.allreduce_(t),
         "submit": lambda: rt.submit(lambda: collectives._run_allreduce(rt, g, t, red, "auto", 1.0, 1.0, True),
                                     sync=True).wait(),
         "_run_allreduce": lambda: collectives._run_allreduce(rt, g, t, red, "auto", 1.0, 1.0, True),
         "ops.small": lambda: ops.small_allreduce_(rt.channel(g), flat, red, "auto", 1.0, 1.0, meta),
-        "small.allreduce_": lambda: small.allreduce_(rt.channel(g), flat, red, meta, how),
+        "small.allreduce_": lambda: small.allreduce_(rt.channel(g), flat, red, meta),
     }
     if how == "mailbox":
         rec = meta.encode()

@@ -44,8 +44,6 @@ def _impls(args, rt, gloo_rt, comm, t):
            "rd": lambda: ringlet.allreduce_(t, algorithm="recursive_doubling"),
            "small": small_runners.runner("small", rt, t),
            "small raw": small_runners.runner("small-raw", rt, t)}
-    if small_runners.carrier(rt, t.numel() * 4) == "p2p-rd":
-        out["1-round p2p raw"] = small_runners.runner("small-raw:p2p", rt, t)
     if gloo_rt is not None:
         def gloo():
             with ringlet.use_runtime(gloo_rt):

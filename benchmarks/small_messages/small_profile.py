@@ -79,7 +79,7 @@ def _transport_pieces(tr, t: torch.Tensor, p: int, me: int) -> dict:
         return run
 
     runs = {"round": one_round, "alltoall-round": alltoall(bufs, False)}
-    if hasattr(tr, "irecv_upto") and hasattr(tr, "wait_all"):
+    if tr.capabilities.partial_receive:
         runs["alltoall-round big-recv"] = alltoall(big, False)
         runs["alltoall-round wait_all"] = alltoall(bufs, True)
     return runs

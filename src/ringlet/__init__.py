@@ -62,9 +62,11 @@ def init(transport=None, options: Options | None = None) -> Runtime:
         tr = create(name, join=_elastic.group_join())
     rt = Runtime(tr, options)
     try:
+        from .engine.probe import Prober
         from .tuning.autoload import attach
 
-        attach(rt)  # rt.network_model from the matching calibration profile (RINGLET_TUNE, RINGLET_PROFILE)
+        # rt.network_model and rt.selector from the matching calibration profile (RINGLET_TUNE, RINGLET_PROFILE)
+        attach(rt, Prober(rt))
     except BaseException:
         rt.close()
         raise
@@ -114,9 +116,6 @@ def shutdown() -> None:
         if rt.heap_decay is not None:
             rt.heap_decay.stop()
         rt.close()
-        from .tuning import select
-
-        select.install(None)
     if _owns_torch_group:
         from .transport.torchdist import destroy_default_group
 

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from .sizes import parse_size  # noqa: F401 - the benchmark scripts' size parser is the library's
+
 BUSBW_FACTOR = {
     "allreduce": lambda p: 2.0 * (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
@@ -82,11 +84,3 @@ def fmt_size(nbytes: int) -> str:
         if nbytes >= 1 << k and nbytes % (1 << k) == 0:
             return f"{nbytes >> k} {unit}"
     return f"{nbytes} B"
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().rstrip("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1] in mult:
-        return int(float(text[:-1]) * mult[text[-1]])
-    return int(text)

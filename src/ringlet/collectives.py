@@ -102,14 +102,10 @@ def _allreduce_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: flo
 
 def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
                    post: float, check: bool) -> torch.Tensor:
-    ch = rt.channel(g)
+    """The queued job of an all-reduce: the engine's one all-reduce op (check, choice, execution)."""
     flat = buf if buf.dim() == 1 else buf.view(-1)
     meta = _allreduce_meta(buf, red.op, algo, pre, post) if check else None
-    if ops.small_allreduce_(ch, flat, red, algo, pre, post, meta):  # the check travels with the data
-        return buf
-    if check:
-        agree.agree(ch, meta)
-    ops.allreduce_(ch, flat, red, algo, pre, post)
+    ops.allreduce_op_(rt.channel(g), flat, red, algo, pre, post, meta)
     return buf
 
 

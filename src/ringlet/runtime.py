@@ -15,6 +15,7 @@ from .engine.agree import exchange
 from .engine.channel import GROUP_BITS, Channel, tag_base
 from .group import Group
 from .timeline import now_us
+from .tuning.select import Selector
 from .types import Options, PeerError
 
 
@@ -115,6 +116,9 @@ class Runtime:
         # (Network, Topology) and the Profile it came from, or None without a matching profile.
         self.network_model = None
         self.profile = None
+        # The algorithm selector every channel of this runtime hands the engine: the size rule until
+        # ringlet.init (ringlet.tuning.autoload.attach) gives it the calibration profile's cost model.
+        self.selector = Selector()
         # The liveness monitor (ringlet.liveness), set by ringlet.init when the job has a store.
         self.monitor = None
         # The heap decay thread (ringlet.memory), set by ringlet.init; None when off.
@@ -183,10 +187,9 @@ class Runtime:
             if not 0 <= r < self.size:
                 raise ValueError(f"Rank {r} is outside the world of size {self.size}.")
         g = self._add_group(ranks, tuple(self.world.host_of[r] for r in ranks))
-        hook = getattr(self.transport, "on_new_group", None)
-        if hook is not None:
+        if self.transport.capabilities.group_setup:
             # Queued like a collective: the backend's group creation must not overlap the comm thread.
-            self.submit(lambda: hook(g.id, ranks), sync=True).wait()
+            self.submit(lambda: self.transport.on_new_group(g.id, ranks), sync=True).wait()
         return g
 
     def next_tag(self, group: Group) -> int:
@@ -201,7 +204,7 @@ class Runtime:
         executes the runtime's queue)."""
         return Channel(self.transport, group, group.rank_of(self.rank), self.next_tag(group),
                        self.options.segment_bytes, self.options.timeout,
-                       self.workspace if workspace is None else workspace)
+                       self.workspace if workspace is None else workspace, self.selector)
 
     # ---- execution ------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], *, sync: bool) -> Work:

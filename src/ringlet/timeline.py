@@ -27,7 +27,7 @@ import time
 from typing import Any, Iterator
 
 __all__ = ["Timeline", "active", "start_timeline", "stop_timeline", "paused", "configure_from_env", "mark_step",
-           "now_us", "span", "instant", "record", "read_events"]
+           "now_us", "span", "instant", "record", "read_events", "Intervals", "union", "measure", "intersect"]
 
 # Buffer limits: big enough that a step of per-tensor phases costs a handful of writes, small enough that
 # memory stays flat and a crash loses at most a moment of history.
@@ -309,3 +309,39 @@ def read_events(path: str) -> list[dict]:
         except json.JSONDecodeError:
             continue  # the torn tail of a file whose writer died
     return events
+
+
+# ---- interval arithmetic over spans (microseconds): what the overlap measures are made of -----------------
+Intervals = list[tuple[float, float]]
+
+
+def union(intervals: Intervals) -> Intervals:
+    """Sorted, disjoint cover of ``intervals`` (empty ones dropped)."""
+    out: Intervals = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def measure(intervals: Intervals) -> float:
+    """Total length of disjoint intervals."""
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(xs: Intervals, ys: Intervals) -> Intervals:
+    """Intersection of two sorted disjoint interval lists (two-pointer sweep)."""
+    out: Intervals = []
+    i = j = 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if b > a:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out

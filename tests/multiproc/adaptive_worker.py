@@ -58,21 +58,27 @@ def train(rank: int, adapt) -> tuple[torch.Tensor, DistributedDataParallel]:
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), ddp
 
 
+def use_model(model) -> None:
+    """The runtime's algorithm selector with cost ``model`` (None: the size rule), as ringlet.init makes
+    it from a calibration profile."""
+    ringlet.collectives.runtime().selector = select.Selector(model)
+
+
 def constants(net: Network) -> torch.Tensor:
     return torch.tensor([v for lc in net.links.values() for v in (lc.alpha, lc.beta)] + [net.gamma], dtype=torch.float64)
 
 
 def case_agreement(rank: int, out: str):
     def run(numbers):
-        select.install(select.Model(FAR))
+        use_model(select.Model(FAR))
         timeline.start_timeline(f"{out}.timeline{{rank}}.json")
         try:
             mine, ddp = train(rank, Adapt(EVERY, POLICY))
         finally:
             timeline.stop_timeline()
-        select.install(select.Model(FAR))
+        use_model(select.Model(FAR))
         plain, _ = train(rank, None)
-        select.install(None)
+        use_model(None)
         switches = [f"{a.step}:{a.switch.op}:{a.switch.old}->{a.switch.new}" for a in ddp.switches]
         numbers["switches"] = switches
         numbers["factors"] = ddp.adaptive.factors
@@ -90,9 +96,9 @@ def case_agreement(rank: int, out: str):
 def case_off(rank: int):
     def run(numbers):
         model = select.Model(FAR)
-        select.install(model)
+        use_model(model)
         _, ddp = train(rank, None)
-        select.install(None)
+        use_model(None)
         check(ddp.adaptive is None and ddp.switches == [] and model.network == FAR, "adapt=None adjusted")
     return run
 

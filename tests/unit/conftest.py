@@ -2,6 +2,7 @@
 deterministic exact-valued inputs, and a step-by-step schedule interpreter (the schedule semantics)."""
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -9,10 +10,21 @@ import torch
 
 import ringlet
 from ringlet.runtime import Runtime
-from ringlet.transport.inproc import InprocWorld
+from ringlet.transport.inproc import InprocTransport, InprocWorld
 from ringlet.types import Options, ReduceOp
 
 OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+# The in-process transport declaring MPI's small-message path (recursive doubling with the records in band
+# over partial receives): patch it onto InprocTransport.capabilities to run that path on in-process worlds.
+P2P_SMALL = dataclasses.replace(InprocTransport.capabilities, small_path="p2p", small_bytes=64 << 10)
+
+
+def use_model(monkeypatch, model) -> None:
+    """Every runtime made during the test starts with a selector of cost ``model`` (None: the size rule),
+    as ``ringlet.init`` gives one from a calibration profile."""
+    from ringlet.tuning.select import Selector
+
+    monkeypatch.setattr("ringlet.runtime.Selector", lambda: Selector(model))
 
 
 def run_world(p: int, fn, *, options: Options | None = None, world: InprocWorld | None = None, **world_kw):

@@ -11,6 +11,7 @@ import torch
 from conftest import OPS, make_input, run_world, simulate
 
 import ringlet
+from ringlet.tuning.select import Selector
 from ringlet import algorithms
 from ringlet.algorithms import executor, reference
 from ringlet.engine.channel import Channel
@@ -97,7 +98,7 @@ def run_schedule(sched, inputs, op, segment_bytes=1 << 20, lazy=False):
     bufs = [t.clone() for t in inputs]
 
     def body(tr):
-        ch = Channel.world(tr, segment_bytes=segment_bytes, timeout=20)
+        ch = Channel.world(tr, segment_bytes=segment_bytes, timeout=20, selector=Selector())
         executor.execute(sched, ch, (bufs[tr.rank],), reduction(op).combine)
 
     InprocWorld(len(inputs), lazy=lazy).run(body)

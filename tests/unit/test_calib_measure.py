@@ -11,7 +11,8 @@ from ringlet.algorithms.executor import compile_plan
 from ringlet.collectives import runtime
 from ringlet.tuning.calibrate import PLANS, CalibrationPlan, calibrate, plan_named
 from ringlet.tuning.network import INTER, INTRA, LINK_CLASSES, Topology, host_layout
-from ringlet.tuning.probe import chain, sharing, shift_pattern
+from ringlet.engine.probe import Prober
+from ringlet.tuning.patterns import chain, sharing, shift_pattern
 
 TINY = CalibrationPlan("tiny", (4, 4096, 65536), (1, 2), 1, (4096, 65536), 5.0, large_bytes=65536)
 
@@ -101,7 +102,7 @@ def test_bad_plans_are_refused(kw, match):
 def test_calibration_gives_every_rank_the_same_profile(name):
     host_of = LAYOUTS[name]
     p = len(host_of)
-    profiles = run_world(p, lambda rank: calibrate(runtime(), TINY, host_of=host_of))
+    profiles = run_world(p, lambda rank: calibrate(Prober(runtime()), TINY, host_of=host_of))
     first = profiles[0]
     assert all(pr.network == first.network and pr.fingerprint == first.fingerprint for pr in profiles)
     assert first.fingerprint.ranks == p and first.fingerprint.layout == host_layout(host_of)
@@ -168,12 +169,11 @@ def test_calibration_gives_every_rank_the_same_profile(name):
 
 def test_calibration_refuses_a_layout_of_the_wrong_size():
     with pytest.raises(ValueError, match="host_of names 3 ranks"):
-        run_world(2, lambda rank: calibrate(runtime(), TINY, host_of=(0, 0, 1)))
+        run_world(2, lambda rank: calibrate(Prober(runtime()), TINY, host_of=(0, 0, 1)))
 
 
 @pytest.mark.parametrize("repeat", [1, 3])
 def test_chains_travel_as_whole_messages_whatever_the_segment(repeat):
-    from ringlet.tuning.probe import Prober
     from ringlet.types import Options
 
     count, steps = 16384, 2  # 64 KiB per transfer; the runtime's segment is 1 KiB
@@ -195,6 +195,6 @@ def test_chains_travel_as_whole_messages_whatever_the_segment(repeat):
 def test_the_budget_drops_the_largest_sizes_alike_on_every_rank(budget, measured):
     plan = CalibrationPlan("budget", (4, 64, 1024, 16384, 65536), (1, 2), 1, (4096, 65536), budget)
     # a rank deciding otherwise than the others would leave them waiting: the world would time out
-    profiles = run_world(3, lambda rank: calibrate(runtime(), plan, host_of=(0, 0, 1)))
+    profiles = run_world(3, lambda rank: calibrate(Prober(runtime()), plan, host_of=(0, 0, 1)))
     for cls in (INTRA, INTER):
         assert sorted({pt[0] for pt in profiles[0].info["samples"][cls]["points"]}) == list(plan.sizes[:measured])

@@ -67,18 +67,14 @@ def test_out_of_place_time_when_there_is_no_in_place_one():
     assert r.extra["pred_err"] == pytest.approx((2 * (100e-6 + 1024e-9) * 1e6 - 400.0) / 400.0)
 
 
-def test_the_segment_is_the_runtimes_without_an_installed_model(monkeypatch):
-    from ringlet.tuning import select
-
-    if hasattr(select, "install"):
-        monkeypatch.setattr(select, "_installed", None)
+def test_the_segment_is_the_runtimes_without_a_model():
     seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 4)
     assert seg("ring", 1 << 30) == 4 << 20 and seg("tree", 4) == 4 << 20
     capped = predict.executor_segment(4 << 20, (0, 0, 1, 1), 4, 1 << 20)  # the transport's cap (MPI)
     assert capped("ring", 1 << 30) == 1 << 20
 
 
-def test_the_segment_is_the_installed_models_choice(monkeypatch):
+def test_the_segment_is_the_models_choice(monkeypatch):
     from ringlet.tuning import select
 
     asked = []
@@ -93,9 +89,8 @@ def test_the_segment_is_the_installed_models_choice(monkeypatch):
         return Choice(name, None if nbytes < 1024 else 256 << 10)
 
     model = object()
-    monkeypatch.setattr(select, "allreduce_choice", allreduce_choice, raising=False)
-    monkeypatch.setattr(select, "installed", lambda: model, raising=False)
-    seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 2)
+    monkeypatch.setattr(select, "allreduce_choice", allreduce_choice)
+    seg = predict.executor_segment(4 << 20, (0, 0, 1, 1), 2, model=model)
     assert seg("ring", 1 << 20) == 256 << 10 and seg("tree", 4) == 4 << 20
     assert asked == [("ring", 4, 1 << 20, (0, 0, 1, 1), model, 2), ("tree", 4, 4, (0, 0, 1, 1), model, 2)]
 

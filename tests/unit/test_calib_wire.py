@@ -8,7 +8,7 @@ import pytest
 
 from ringlet.tuning.cost import predict_allreduce
 from ringlet.tuning.network import INTER, INTRA, Cpus, LinkCost, Network, Topology
-from ringlet.tuning.probe import sharing, shift_pattern
+from ringlet.tuning.patterns import sharing, shift_pattern
 from ringlet.tuning.wire import WireEvidence, lone_pattern, pattern_load, split_wire
 
 NS = 1e-9

@@ -7,6 +7,7 @@ import pytest
 import torch
 from testonly_compressors import FakeCustom, FakeEF, FakeTopK
 
+from ringlet.tuning.select import Selector
 from ringlet.compression import BF16, FP16, NONE
 from ringlet.engine import ops
 from ringlet.engine.channel import Channel, tag_base
@@ -83,7 +84,7 @@ def run_cases(p: int, comp, strategy, dtype=torch.float32):
     def body(tr):
         out = {}
         for i, (n, average) in enumerate((n, a) for n in SIZES for a in (False, True)):
-            ch = Channel.world(tr, tag_base(0, i), timeout=30)
+            ch = Channel.world(tr, tag_base(0, i), timeout=30, selector=Selector())
             flat = inputs(p, n)[tr.rank].to(dtype)
             res = compressed_allreduce_(ch, flat, comp, {}, average, strategy=strategy)
             assert res is flat and flat.dtype == dtype
@@ -129,7 +130,7 @@ def test_fp16_sum_of_large_values_does_not_overflow():
     """60000 fits float16; the sum over 4 ranks does not, but it is accumulated in float32 and the
     result (which travels as float16 again) saturates only where the sum itself is out of range."""
     def body(tr):
-        ch = Channel.world(tr, 0, timeout=30)
+        ch = Channel.world(tr, 0, timeout=30, selector=Selector())
         flat = torch.tensor([60000.0, 1000.0, -60000.0])
         compressed_allreduce_(ch, flat, FP16, {}, average=True)
         return flat
@@ -148,7 +149,7 @@ def test_block_states_line_up_step_after_step(strategy):
     def body(tr):
         state, total = {}, torch.zeros(n, dtype=torch.float64)
         for s in range(steps):
-            ch = Channel.world(tr, tag_base(0, s), timeout=30)
+            ch = Channel.world(tr, tag_base(0, s), timeout=30, selector=Selector())
             flat = inputs(p, n, seed=s)[tr.rank]
             total += compressed_allreduce_(ch, flat, FakeEF(), state, average=False, strategy=strategy).double()
         return state, total
@@ -170,7 +171,7 @@ def test_custom_gets_shapes_and_may_call_allreduce_several_times():
 
     def body(tr):
         state = {}
-        ch = Channel.world(tr, 0, timeout=30)
+        ch = Channel.world(tr, 0, timeout=30, selector=Selector())
         flat = torch.full((17,), float(tr.rank + 1))
         compressed_allreduce_(ch, flat, FakeCustom(), state, average=True, shapes=shapes)
         return flat, state
@@ -181,7 +182,7 @@ def test_custom_gets_shapes_and_may_call_allreduce_several_times():
 
 
 def test_bad_arguments():
-    ch = Channel.world(InprocWorld(1).transport(0))
+    ch = Channel.world(InprocWorld(1).transport(0), selector=Selector())
     with pytest.raises(TypeError):
         compressed_allreduce_(ch, torch.ones(3, dtype=torch.int32), FP16, {}, True)
     with pytest.raises(ValueError, match="unknown compressed all-reduce strategy"):

@@ -42,7 +42,7 @@ def test_the_intra_shift_step_pays_kappa_and_an_inter_one_kappa_inter():
     # One step, four transfers, 8 endpoints over 2 cores (a load of 4): within hosts at 4·kappa,
     # between hosts at 4·kappa_inter (the links are cheaper than either).
     free = dataclasses.replace(SPLIT, links={c: LinkCost(0.0, 0.01 * NS) for c in (INTRA, INTER)}, epsilon=0.0)
-    from ringlet.tuning.probe import chain, shift_pattern
+    from ringlet.tuning.patterns import chain, shift_pattern
     b = 1 << 20
     for cls, per_byte in ((INTRA, 4 * free.kappa), (INTER, 4 * free.kappa_inter)):
         sched = chain(shift_pattern(TWO_BY_TWO.host_of, cls), 4, b // 4, 1)

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_world
+from conftest import run_world, use_model
 
 from ringlet import timeline
 from ringlet.torch.training import Adapt, DistributedDataParallel, Priority
@@ -37,11 +37,10 @@ BOUND = EVERY * (POLICY.confirmations + 2)  # steps from the change to the switc
 
 
 @pytest.fixture
-def model():
+def model(monkeypatch):
     m = select.Model(BASE)
-    old = select.install(m)
-    yield m
-    select.install(old)
+    use_model(monkeypatch, m)
+    return m
 
 
 def make_net() -> torch.nn.Module:
@@ -213,11 +212,8 @@ def test_off_where_it_does_not_apply(kw, model, monkeypatch):
 
 
 def test_off_without_a_model(monkeypatch):
-    old = select.install(None)
-    try:
-        runs = run_world(2, lambda r: train(r, steps=4))
-    finally:
-        select.install(old)
+    use_model(monkeypatch, None)
+    runs = run_world(2, lambda r: train(r, steps=4))
     assert all(ddp.adaptive is None and ddp.switches == [] for _, ddp in runs)
 
 

@@ -10,6 +10,7 @@ from hvd_world import hvd_world
 
 import ringlet
 import ringlet.torch as hvd
+from ringlet.engine import ops
 from ringlet.engine.meta import Kind, Meta, mismatch
 from ringlet.tuning import select
 from ringlet.types import DTYPE_CODE, Options, ReduceOp, reduction
@@ -79,3 +80,40 @@ def test_forced_native_without_a_native_allreduce_is_an_error_on_every_path(p):
         return True
 
     assert all(hvd_world(p, horovod, options=forced))
+
+
+def test_transports_declare_their_abilities_in_one_record():
+    from ringlet.transport import Capabilities
+    from ringlet.transport.inproc import InprocTransport, InprocWorld
+    from ringlet.transport.mpi import MPITransport
+    from ringlet.transport.shm import ShmTransport
+    from ringlet.transport.torchdist import TorchTransport
+
+    assert MPITransport.capabilities.small_path == "p2p" and MPITransport.capabilities.native_small
+    assert MPITransport.capabilities.max_segment_bytes == 1 << 20 and MPITransport.capabilities.group_setup
+    assert ShmTransport.capabilities.small_path == "mailbox" and ShmTransport.capabilities.small_bytes > 0
+    assert TorchTransport.capabilities.native_digest and TorchTransport.capabilities.small_path is None
+    assert InprocTransport.capabilities == Capabilities(partial_receive=True)
+    tr = InprocWorld(1).transport(0)
+    tr.wait_all([])  # the defaults: wait for each handle in turn; no backend step for a new group
+    assert tr.on_new_group(1, (0,)) is None
+    with pytest.raises(NotImplementedError, match="no mailbox"):
+        tr.small_round(b"", None, 1.0)
+    with pytest.raises(ValueError, match="needs partial_receive"):
+        Capabilities(small_path="p2p", small_bytes=1)
+    with pytest.raises(ValueError, match="small_path must be one of"):
+        Capabilities(small_path="carrier-pigeon", small_bytes=1)
+    with pytest.raises(ValueError, match="small_bytes > 0"):
+        Capabilities(small_path="mailbox")
+
+
+def test_a_channel_without_a_selector_cannot_choose():
+    from ringlet.engine.channel import Channel
+    from ringlet.transport.inproc import InprocWorld
+
+    def body(tr):
+        with pytest.raises(ValueError, match="no algorithm selector"):
+            ops.allreduce_(Channel.world(tr), torch.ones(4), reduction("sum"))
+        return True
+
+    assert InprocWorld(2).run(body, timeout=30) == [True, True]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import run_world
+from conftest import P2P_SMALL, run_world
 
 import ringlet
 from ringlet.transport.inproc import InprocTransport, InprocWorld
@@ -123,12 +123,12 @@ def _mismatch_cases(p):
     }
 
 
-@pytest.fixture(params=["schedules", "p2p-rd"])
+@pytest.fixture(params=["schedules", "p2p"])
 def carrier(request, monkeypatch):
     """The core API's checks and small all-reduces on ringlet's schedules (the in-process default), or
-    over the in-band recursive doubling that MPI's transport asks for (``small_p2p``)."""
-    if request.param == "p2p-rd":
-        monkeypatch.setattr(InprocTransport, "small_p2p", True)
+    over the in-band recursive doubling that MPI's transport asks for (``capabilities.small_path == "p2p"``)."""
+    if request.param == "p2p":
+        monkeypatch.setattr(InprocTransport, "capabilities", P2P_SMALL)
     return request.param
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from ringlet.tuning.select import Selector
 from ringlet import algorithms
 from ringlet.algorithms.executor import APPLY, POST_SEND, compile_plan
 
@@ -123,6 +124,8 @@ def test_the_tree_forwards_to_an_idle_root_at_once():
 @pytest.mark.parametrize("algo", ["ring", "halving_doubling", "direct"])
 def test_the_transports_segment_cap_bounds_every_message(algo):
     """A transport's ``max_segment_bytes`` caps the options' segment; the result is unchanged."""
+    import dataclasses
+
     import torch
 
     from ringlet.engine.channel import Channel
@@ -136,7 +139,7 @@ def test_the_transports_segment_cap_bounds_every_message(algo):
     sizes: list[int] = []
 
     def body(tr):
-        tr.max_segment_bytes = 64 * 8
+        tr.capabilities = dataclasses.replace(tr.capabilities, max_segment_bytes=64 * 8)
         isend = tr.isend
 
         def counted(buf, peer, tag):
@@ -144,7 +147,7 @@ def test_the_transports_segment_cap_bounds_every_message(algo):
             return isend(buf, peer, tag)
 
         tr.isend = counted
-        ch = Channel.world(tr, segment_bytes=1 << 20, timeout=20)
+        ch = Channel.world(tr, segment_bytes=1 << 20, timeout=20, selector=Selector())
         executor.execute(sched, ch, (bufs[tr.rank],), reduction(ReduceOp.SUM).combine)
 
     InprocWorld(p).run(body)

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import P2P_SMALL
 from fuzz_cases import Call, Case, Draw, _local_fault, draw_case
 from fuzz_run import judge, rank_body
 from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
@@ -50,8 +51,8 @@ def test_any_calls_reference_or_clear_error(p, data):
 @given(data=st.data())
 def test_any_calls_over_the_in_band_carrier(p, data):
     """The same, with small all-reduces and every check on recursive doubling with the records in band
-    (the carrier MPI's transport asks for with ``small_p2p``)."""
-    with mock.patch.object(InprocTransport, "small_p2p", True):
+    (the carrier MPI's transport asks for with ``capabilities.small_path``)."""
+    with mock.patch.object(InprocTransport, "capabilities", P2P_SMALL):
         check_case(draw_case(HypothesisDraw(data), p))
 
 
@@ -111,7 +112,7 @@ def test_records_of_different_lengths_over_the_in_band_carrier():
     """A 1-d record on one rank, 0-d on the others (5 ranks: one rank folds into its partner): the
     partner forwards the longer record and every rank raises MismatchError, then the group works."""
     calls = [Call("broadcast", shape=(1,), dtype=torch.int8)] + [Call("broadcast", shape=(), dtype=torch.int8)] * 4
-    with mock.patch.object(InprocTransport, "small_p2p", True):
+    with mock.patch.object(InprocTransport, "capabilities", P2P_SMALL):
         check_case(_case(5, calls, ["shape@0"]))
 
 

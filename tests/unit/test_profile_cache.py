@@ -2,6 +2,7 @@
 what ``init`` attaches (``ringlet.tuning.autoload.attach``) on in-process worlds."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import pytest
 from conftest import run_world
 
 from ringlet.collectives import runtime
+from ringlet.engine.probe import Prober
 from ringlet.tuning import autoload
 from ringlet.tuning.network import INTER, INTRA, LinkCost, Network
 from ringlet.tuning.profile import Fingerprint, Profile, cache_path, lookup, profile_dir
@@ -124,7 +126,7 @@ def attach_all(p: int, **opts) -> list:
     ``(network_model, profile)``."""
     def body(rank):
         rt = runtime()
-        autoload.attach(rt)
+        autoload.attach(rt, Prober(rt))
         return rt.network_model, rt.profile
 
     return run_world(p, body, options=Options(timeout=20, **opts))
@@ -141,7 +143,6 @@ def test_attach_loads_the_matching_cached_profile(cache, p):
 
 
 def test_attach_tries_only_the_segments_the_transport_runs(cache):
-    from ringlet.tuning import select
     from ringlet.tuning.model import SEGMENTS, segments_up_to
 
     prof = profile_of(2, (2,))
@@ -149,14 +150,11 @@ def test_attach_tries_only_the_segments_the_transport_runs(cache):
 
     def body(rank):
         rt = runtime()
-        rt.transport.max_segment_bytes = 1 << 20  # as MPI's
-        autoload.attach(rt)
-        return select.installed().segments
+        rt.transport.capabilities = dataclasses.replace(rt.transport.capabilities, max_segment_bytes=1 << 20)  # MPI's
+        autoload.attach(rt, Prober(rt))
+        return rt.selector.model.segments
 
-    try:
-        got = run_world(2, body, options=Options(timeout=20))
-    finally:
-        select.install(None)
+    got = run_world(2, body, options=Options(timeout=20))
     assert got == [segments_up_to(1 << 20)] * 2
     assert got[0][0] == 1 << 20 and max(got[0]) == 1 << 20 and None not in got[0]
     assert segments_up_to(None) == SEGMENTS
@@ -201,7 +199,7 @@ def test_attach_raises_the_same_error_on_every_rank_for_a_corrupt_file(tmp_path,
 
     def body(rank):
         try:
-            autoload.attach(runtime())
+            autoload.attach(runtime(), Prober(runtime()))
         except ValueError as exc:
             errors.append(str(exc))
         return rank

@@ -121,15 +121,13 @@ def test_a_new_algorithm_gets_a_cost_without_new_code(monkeypatch):
     assert a.seconds == b.seconds and m.choose(64 << 20, host_of).algorithm == "ring"  # ties go to the known name
 
 
-def test_install():
+def test_selector_holds_one_model():
     m = select.Model(NET)
-    previous = select.install(m)
-    try:
-        assert select.installed() is m
-    finally:
-        select.install(previous)
+    assert select.Selector(m).model is m and select.Selector().model is None
+    assert select.Selector(m).allreduce("auto", 4, 64 << 20, hosts(2, 2), NONE) == \
+        select.allreduce_choice("auto", 4, 64 << 20, hosts(2, 2), NONE, m)
     with pytest.raises(TypeError):
-        select.install(NET)
+        select.Selector(NET)
 
 
 def test_bad_model_arguments():
@@ -155,17 +153,14 @@ def test_engine_runs_the_chosen_algorithm_and_segment_size(monkeypatch, count):
         return original(self, schedule, buffers, combine)
 
     monkeypatch.setattr(Channel, "run", spy)
-    previous = select.install(model)
-    try:
-        def body(transport):
-            ch = Channel(transport, Group(0, (0, 1, 2, 3), host_of), transport.rank, 0)
-            flat = torch.full((count,), float(transport.rank + 1))
-            ran = ops.allreduce_(ch, flat, reduction(ReduceOp.SUM))
-            return ran, flat
 
-        out = InprocWorld(4).run(body, timeout=60)
-    finally:
-        select.install(previous)
+    def body(transport):
+        ch = Channel(transport, Group(0, (0, 1, 2, 3), host_of), transport.rank, 0, selector=select.Selector(model))
+        flat = torch.full((count,), float(transport.rank + 1))
+        ran = ops.allreduce_(ch, flat, reduction(ReduceOp.SUM))
+        return ran, flat
+
+    out = InprocWorld(4).run(body, timeout=60)
     expect = model.choose(4 * count, host_of)
     for ran, flat in out:
         assert ran == expect.algorithm and torch.equal(flat, torch.full((count,), 10.0))

@@ -1,13 +1,12 @@
-"""The one-round small all-reduce (ringlet.engine.small) against the reference, element by element, on
-both carriers: ``p2p`` over the in-process transport (MPI's receive rule) and ``mailbox`` over the shm
-transport (ranks as threads). World sizes 1..8, counts 0, 1, primes, up to the carrier's limit, every
+"""The small-message path (ringlet.engine.small) against the reference, element by element, on both
+paths: ``p2p`` over the in-process transport declaring it (MPI's path and receive rule) and ``mailbox``
+over the shm transport (ranks as threads). World sizes 1..8, counts 0, 1, primes, up to the carrier's limit, every
 dtype and op; mismatched records raise MismatchError on every rank and the next call works."""
 from __future__ import annotations
 
-
 import pytest
 import torch
-from conftest import OPS, make_input, run_world
+from conftest import OPS, P2P_SMALL, make_input, run_world
 from test_shm_transport import shm_world
 
 from ringlet import collectives as C
@@ -16,10 +15,17 @@ from ringlet.engine import small
 from ringlet.engine.channel import Channel
 from ringlet.engine.meta import Kind, Meta
 from ringlet.runtime import Runtime
+from ringlet.transport.inproc import InprocTransport
 from ringlet.transport.shm import ShmOptions
 from ringlet.types import SUPPORTED_DTYPES, MismatchError, Options, ReduceOp, dtype_name, reduction
 
 COUNTS = (0, 1, 2, 7, 13, 251, 1023)
+
+
+@pytest.fixture
+def p2p(monkeypatch):
+    """In-process worlds with MPI's small-message path."""
+    monkeypatch.setattr(InprocTransport, "capabilities", P2P_SMALL)
 
 
 def _probe(rt) -> Channel:
@@ -27,18 +33,16 @@ def _probe(rt) -> Channel:
     return Channel(rt.transport, rt.world, rt.world.rank_of(rt.rank), 0)
 
 
-def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True, how: str | None = None) -> torch.Tensor:
+def _run(rt, t: torch.Tensor, op: ReduceOp, check: bool = True) -> torch.Tensor:
     """What the collective layer does with this path: channel, record, the rounds (AVG sums; no scaling)."""
     out = t.clone()
     flat = out.view(-1)
-    nbytes = flat.numel() * flat.element_size()
-    how = small.carrier(_probe(rt), nbytes, p2p=True) and (how or small.carrier(_probe(rt), nbytes, p2p=True))
     ch = rt.channel(rt.world)
-    if how is None:
+    if small.carrier(ch) is None:
         assert ch.size == 1
         return out
     meta = Meta.of("", Kind.ALLREDUCE, t, op=op) if check else None
-    small.allreduce_(ch, flat, reduction(op), meta, how)
+    small.allreduce_(ch, flat, reduction(op), meta)
     return out
 
 
@@ -51,18 +55,17 @@ def shm_runtimes(p: int, fn, timeout: float = 120.0) -> list:
     return shm_world(p, lambda tr: fn(Runtime(tr, Options(timeout=30))), ShmOptions(ring_bytes=64 << 10), timeout)
 
 
-@pytest.mark.parametrize("how", ["p2p-rd", "p2p"])
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("p", range(1, 9))
-def test_p2p_against_reference(p, dtype, how):
+def test_p2p_against_reference(p, dtype, p2p):
     cases = [(n, op) for n in COUNTS for op in OPS]
     inputs = {c: [make_input(r, c[0], dtype, c[1]) for r in range(p)] for c in cases}
 
     def fn(rank):
         rt = C.runtime()
         if p > 1:
-            assert small.carrier(_probe(rt), 4, p2p=True) == "p2p-rd"
-        return [_run(rt, inputs[c][rank], c[1], how=how) for c in cases]
+            assert small.carrier(_probe(rt)) == "p2p"
+        return [_run(rt, inputs[c][rank], c[1]) for c in cases]
 
     outs = run_world(p, fn)
     for i, (n, op) in enumerate(cases):
@@ -77,7 +80,7 @@ def test_mailbox_against_reference(p):
     inputs = {c: [make_input(r, c[0], c[2], c[1]) for r in range(p)] for c in cases}
 
     def fn(rt):
-        assert small.carrier(_probe(rt), 4) == "mailbox"
+        assert small.carrier(_probe(rt)) == "mailbox"
         return [_run(rt, inputs[c][rt.rank], c[1]) for c in cases]
 
     outs = shm_runtimes(p, fn)
@@ -88,25 +91,25 @@ def test_mailbox_against_reference(p):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=dtype_name)
-def test_limits_and_largest(dtype):
-    """Exactly the carrier's limit runs in one round (both carriers); one element more does not."""
+def test_limits_and_largest(dtype, p2p):
+    """Exactly the path's limit (``capabilities.small_bytes``) runs on it (both paths); one element more
+    does not."""
     p = 3
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    n = small.P2P_MAX_BYTES // itemsize
+    n = P2P_SMALL.small_bytes // itemsize
     inputs = [make_input(r, n, dtype) for r in range(p)]
 
-    def p2p(rank):
+    def rd(rank):
         rt = C.runtime()
-        assert small.carrier(_probe(rt), (n + 1) * itemsize, p2p=True) is None
-        return _run(rt, inputs[rank], ReduceOp.SUM, how="p2p") + _run(rt, inputs[rank], ReduceOp.SUM) * 0
+        assert small.takes(_probe(rt), n * itemsize) and not small.takes(_probe(rt), (n + 1) * itemsize)
+        return _run(rt, inputs[rank], ReduceOp.SUM)
 
     def box(rt):
-        assert small.carrier(_probe(rt), rt.transport.mailbox_payload_max + 1) is None
-        assert small.carrier(_probe(rt), n * itemsize, limit=16) is None
+        assert not small.takes(_probe(rt), rt.transport.capabilities.small_bytes + 1)
         return [_run(rt, inputs[rt.rank], ReduceOp.SUM) for _ in range(3)]  # both slots, then the first again
 
     exp = _expected(inputs, ReduceOp.SUM)
-    assert all(torch.equal(o, exp) for o in run_world(p, p2p))
+    assert all(torch.equal(o, exp) for o in run_world(p, rd))
     assert all(torch.equal(o, exp) for outs in shm_runtimes(p, box) for o in outs)
 
 
@@ -129,7 +132,7 @@ def _mismatch_then_ok(rt, rank: int):
 
 
 @pytest.mark.parametrize("p", [2, 3, 5])
-def test_mismatch_p2p(p):
+def test_mismatch_p2p(p, p2p):
     outs = run_world(p, lambda rank: _mismatch_then_ok(C.runtime(), rank))
     for errors, ok in outs:
         assert len(errors) == 3 and "shape" in errors[0] and "reduction ops" in errors[2]
@@ -138,7 +141,7 @@ def test_mismatch_p2p(p):
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 6, 7, 8])
-def test_mismatch_p2p_records_of_different_lengths(p):
+def test_mismatch_p2p_records_of_different_lengths(p, p2p):
     """A member whose record is longer than its partner's (more dimensions), at every rank of groups
     with and without folded ranks: the partner forwards it in a wider frame, and every member raises
     the same MismatchError (found by the fuzz: a local ValueError left the others to time out)."""
@@ -150,10 +153,10 @@ def test_mismatch_p2p_records_of_different_lengths(p):
             ch = rt.channel(rt.world)
             try:
                 if data is None:
-                    small.records(ch, Meta.of("", Kind.BROADCAST, meta_t, root=0), "p2p-rd")
+                    small.records(ch, Meta.of("", Kind.BROADCAST, meta_t, root=0))
                 else:
                     small.allreduce_(ch, meta_t.view(-1).clone(), reduction("sum"),
-                                     Meta.of("", Kind.ALLREDUCE, meta_t, op=ReduceOp.SUM), "p2p-rd")
+                                     Meta.of("", Kind.ALLREDUCE, meta_t, op=ReduceOp.SUM))
                 out.append("no error")
             except MismatchError as exc:
                 out.append(str(exc))
@@ -174,7 +177,7 @@ def test_mismatch_mailbox():
     assert len({tuple(e) for e, _ in outs}) == 1
 
 
-def test_unchecked_size_mismatch_is_caught():
+def test_unchecked_size_mismatch_is_caught(p2p):
     """Without records the sizes are still compared: a MismatchError, not garbage or a hang."""
     def fn(rt):
         try:
@@ -187,18 +190,17 @@ def test_unchecked_size_mismatch_is_caught():
     assert run_world(2, lambda rank: fn(C.runtime())) == [True, True]
 
 
-def test_src_and_flat_untouched_on_mismatch():
+def test_src_and_flat_untouched_on_mismatch(p2p):
     """A separate source (the caller's prescaled copy) is what travels; on a mismatch ``flat`` keeps
     its values on every rank."""
     def fn(rt):
-        how = small.carrier(_probe(rt), 16, p2p=True)
         flat = torch.full((4,), float(rt.rank + 1))
-        small.allreduce_(rt.channel(rt.world), flat, reduction("sum"), None, how, src=flat * 2)
+        small.allreduce_(rt.channel(rt.world), flat, reduction("sum"), None, src=flat * 2)
         bad = torch.ones(5 if rt.rank == 1 else 4)
         before = bad.clone()
         meta = Meta.of("", Kind.ALLREDUCE, bad, op=ReduceOp.SUM)
         try:
-            small.allreduce_(rt.channel(rt.world), bad, reduction("sum"), meta, how)
+            small.allreduce_(rt.channel(rt.world), bad, reduction("sum"), meta)
         except MismatchError:
             pass
         return flat, torch.equal(bad, before)
@@ -210,10 +212,9 @@ def test_src_and_flat_untouched_on_mismatch():
 def _check_vs_allreduce(rt):
     """Rank 0 checks a broadcast's record while the others all-reduce."""
     t = torch.ones(4)
-    how = small.carrier(_probe(rt), 16, p2p=True)
     try:
         if rt.rank == 0:
-            small.records(rt.channel(rt.world), Meta.of("", Kind.BROADCAST, t, root=0), how)
+            small.records(rt.channel(rt.world), Meta.of("", Kind.BROADCAST, t, root=0))
         else:
             _run(rt, t, ReduceOp.SUM)
     except MismatchError as exc:
@@ -221,7 +222,7 @@ def _check_vs_allreduce(rt):
     return ""
 
 
-def test_check_records_meets_allreduce():
+def test_check_records_meets_allreduce(p2p):
     """A rank checking another collective's record meets the all-reduce in the same exchange (mailbox
     and in-band p2p): every rank raises MismatchError naming the operations; matching checks pass."""
     for msgs in (shm_runtimes(3, _check_vs_allreduce), run_world(3, lambda r: _check_vs_allreduce(C.runtime())),
@@ -230,17 +231,17 @@ def test_check_records_meets_allreduce():
 
     def ok(rt):
         meta = Meta("", Kind.BARRIER)
-        return small.records(rt.channel(rt.world), meta, small.carrier(_probe(rt), 0, p2p=True)) == [meta] * rt.size
+        return small.records(rt.channel(rt.world), meta) == [meta] * rt.size
 
     assert shm_runtimes(2, ok) == [True, True]
     assert run_world(3, lambda r: ok(C.runtime())) == [True] * 3
 
 
-def test_exchange_records_ragged():
+def test_exchange_records_ragged(p2p):
     """The records are exchanged without comparing them (the ragged all-gather's first dimensions)."""
     def fn(rt):
         meta = Meta("", Kind.ALLGATHER, shape=(rt.rank * 10, 7))
-        got = small.records(rt.channel(rt.world), meta, small.carrier(_probe(rt), 0, p2p=True), check=False)
+        got = small.records(rt.channel(rt.world), meta, check=False)
         return [list(m.shape) for m in got]
 
     want = [[[q * 10, 7] for q in range(3)]] * 3
@@ -249,17 +250,16 @@ def test_exchange_records_ragged():
 
 
 def test_the_carrier_follows_the_transport(monkeypatch):
-    """The collectives' carrier: none over point-to-point unless the transport asks for the in-band
-    recursive doubling (``small_p2p``, as MPI's does); then every group, not only the world, has it."""
-    from ringlet.transport.inproc import InprocTransport
-
+    """The small-message path follows the transport's declaration: none over point-to-point unless the
+    transport declares the in-band recursive doubling (``capabilities.small_path == "p2p"``, as MPI's
+    does); then every group, not only the world, has it, up to ``capabilities.small_bytes``."""
     def carriers(r):
         rt = C.runtime()
         sub = rt.new_group([0, 1])
         sub_ch = Channel(rt.transport, sub, sub.rank_of(rt.rank), 0) if rt.rank in sub else None
-        return (small.carrier(_probe(rt), 16), small.carrier(_probe(rt), small.P2P_MAX_BYTES + 1),
-                None if sub_ch is None else small.carrier(sub_ch, 16))
+        return (small.carrier(_probe(rt)), small.takes(_probe(rt), P2P_SMALL.small_bytes + 1),
+                None if sub_ch is None else small.carrier(sub_ch))
 
-    assert run_world(3, carriers) == [(None, None, None), (None, None, None), (None, None, None)]
-    monkeypatch.setattr(InprocTransport, "small_p2p", True)
-    assert run_world(3, carriers) == [("p2p-rd", None, "p2p-rd")] * 2 + [("p2p-rd", None, None)]
+    assert run_world(3, carriers) == [(None, False, None), (None, False, None), (None, False, None)]
+    monkeypatch.setattr(InprocTransport, "capabilities", P2P_SMALL)
+    assert run_world(3, carriers) == [("p2p", False, "p2p")] * 2 + [("p2p", False, None)]

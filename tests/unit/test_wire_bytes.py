@@ -6,6 +6,7 @@ from conftest import run_world
 from test_shm_transport import shm_world
 
 import ringlet
+from ringlet.tuning.select import Selector
 from ringlet.compression import FP16
 from ringlet.engine import ops
 from ringlet.engine.channel import Channel
@@ -20,11 +21,12 @@ def test_counts_sends_and_receives_of_a_schedule_exactly():
     p, n = 4, 1 << 16
 
     def body(tr):
-        ch = Channel.world(tr, 0, timeout=30)
+        ch = Channel.world(tr, 0, timeout=30, selector=Selector())
         t0 = tr.wire.snapshot()
         ops.allreduce_(ch, torch.ones(n), reduction(ReduceOp.SUM), "ring")
         t1 = tr.wire.snapshot()
-        compressed_allreduce_(Channel.world(tr, 1 << 16, timeout=30), torch.ones(n), FP16, {}, True)
+        ch = Channel.world(tr, 1 << 16, timeout=30, selector=Selector())
+        compressed_allreduce_(ch, torch.ones(n), FP16, {}, True)
         return t1 - t0, tr.wire.snapshot() - t1
 
     for plain, half in InprocWorld(p).run(body):
@@ -58,7 +60,8 @@ def test_shm_counts_its_mailbox_rounds_and_its_rings():
         t0 = tr.wire.snapshot()
         seq = tr.small_round(b"abcd", torch.ones(10), 20)
         t1 = tr.wire.snapshot()
-        ops.allreduce_(Channel.world(tr, 0, timeout=20), torch.ones(3000), reduction(ReduceOp.SUM), "ring")
+        ch = Channel.world(tr, 0, timeout=20, selector=Selector())
+        ops.allreduce_(ch, torch.ones(3000), reduction(ReduceOp.SUM), "ring")
         return seq, t1 - t0, tr.wire.snapshot() - t1
 
     for seq, box, ring in shm_world(p, fn, ShmOptions()):

@@ -6,7 +6,7 @@ from ringlet.torch.comm import Comm
 from ringlet.torch.training.zero import Even, Layout, WholeParameters
 from ringlet.types import ReduceOp
 
-from conftest import run_world
+from conftest import run_world, use_model
 
 
 def named(*shapes, dtype=torch.float32):
@@ -88,7 +88,7 @@ def test_flat_ops_refuse_bad_buffers():
     run_world(2, body)
 
 
-def test_the_allgather_follows_the_installed_cost_model():
+def test_the_allgather_follows_the_runtimes_cost_model(monkeypatch):
     """``"auto"`` (what ZeRO's Reducer asks for) is the ring without a model; with one, the schedule of least
     predicted time, never direct beyond the model's fan-out; a forced name stays as asked."""
     from ringlet.tuning import select
@@ -108,10 +108,7 @@ def test_the_allgather_follows_the_installed_cost_model():
         Comm().allgather_flat_(flat, [4, 4, 4], "x", algorithm="auto").wait()
         return flat
 
-    previous = select.install(slow_steps)  # process-wide: once for every rank thread
-    try:
-        outs = run_world(3, body)
-    finally:
-        select.install(previous)
+    use_model(monkeypatch, slow_steps)  # every rank thread's runtime
+    outs = run_world(3, body)
     for out in outs:
         assert torch.equal(out, torch.tensor([1.0] * 4 + [2.0] * 4 + [3.0] * 4))

@@ -25,6 +25,8 @@ ALLREDUCE: dict[str, AllreduceBuilder] = {
 
 # "native" is the backend's own all-reduce; it has no schedule and is dispatched by the collective.
 NATIVE = "native"
+# "auto": the caller leaves the choice to the algorithm selector (ringlet.tuning.select.Selector).
+AUTO = "auto"
 ALIASES = {
     "rabenseifner": "halving_doubling",
     "hd": "halving_doubling",
@@ -43,6 +45,6 @@ def allreduce_names() -> list[str]:
     return sorted(ALLREDUCE) + [NATIVE]
 
 
-__all__ = ["ALLREDUCE", "ALIASES", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
+__all__ = ["ALLREDUCE", "ALIASES", "AUTO", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
            "allreduce_names", "alltoall", "barrier", "binomial", "direct", "halving_doubling", "hierarchical",
            "recursive_doubling", "ring", "torus", "tree"]

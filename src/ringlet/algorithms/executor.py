@@ -399,7 +399,7 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     if not schedule.num_steps:
         return
     itemsize = buffers[0].element_size()
-    segment_bytes, cap = channel.segment_bytes, getattr(channel.transport, "max_segment_bytes", None)
+    segment_bytes, cap = channel.segment_bytes, channel.transport.capabilities.max_segment_bytes
     if cap:
         segment_bytes = min(segment_bytes, cap)
     plan = compile_plan(schedule, channel.rank, max(1, segment_bytes // itemsize), HOLD_NEW_PEERS,

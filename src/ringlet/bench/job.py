@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import ringlet
-from ringlet.benchmarking import parse_size
+from ringlet.sizes import parse_size
 
 from . import report
 from . import impls
@@ -212,7 +212,7 @@ def _predict(o: SweepOptions, rows: list, rt) -> None:
     network, topology, source = model
     itemsize = torch.empty(0, dtype=getattr(torch, o.dtype)).element_size()
     segment = predict.executor_segment(rt.options.segment_bytes, tuple(rt.world.host_of), itemsize,
-                                       getattr(rt.transport, "max_segment_bytes", None))
+                                       rt.transport.capabilities.max_segment_bytes, rt.selector.model)
     if predict.add_predictions(rows, predict.PredictionSetup(network, topology, itemsize, fn, segment,
                                                                   rt.options.check)):
         print(f"# predictions from {source}\n{predict.table(rows)}", flush=True)
@@ -267,4 +267,8 @@ def relaunch(command: str, np_: int | None, transport: str | None, hosts: str | 
 
     cmd = [sys.executable, "-m", "ringlet.cli.main", command] + strip_launch_args(sys.argv[2:])
     np_ = np_ if np_ is not None or hosts or cluster else 2
-    return run(cmd, np_, transport=transport, hosts=hosts, cluster=cluster)
+    if cluster:
+        from ..cluster import run_job
+
+        return run_job(cmd, np_, transport=transport, hosts=hosts)
+    return run(cmd, np_, transport=transport, hosts=hosts)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..timeline import STEP_EVENT, read_events
+from ..timeline import STEP_EVENT, Intervals, intersect, measure, read_events, union
 
 COMPUTE_PHASES = frozenset({"BACKWARD", "FORWARD"})
 COMM_PHASES = frozenset({"COMMUNICATE"})
-
-Intervals = list[tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,38 +58,6 @@ class Report:
     rank: int
     steps: tuple[StepStats, ...]
     summary: Summary
-
-
-def union(intervals: Intervals) -> Intervals:
-    """Sorted, disjoint cover of ``intervals`` (empty ones dropped)."""
-    out: Intervals = []
-    for a, b in sorted(i for i in intervals if i[1] > i[0]):
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
-def measure(intervals: Intervals) -> float:
-    """Total length of disjoint intervals."""
-    return sum(b - a for a, b in intervals)
-
-
-def intersect(xs: Intervals, ys: Intervals) -> Intervals:
-    """Intersection of two sorted disjoint interval lists (two-pointer sweep)."""
-    out: Intervals = []
-    i = j = 0
-    while i < len(xs) and j < len(ys):
-        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        if b > a:
-            out.append((a, b))
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
 
 
 def _clip(intervals: Intervals, lo: float, hi: float) -> Intervals:

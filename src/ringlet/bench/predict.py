@@ -62,23 +62,22 @@ class PredictionSetup:
 
 
 def executor_segment(default: int, host_of: tuple[int, ...], itemsize: int,
-                     cap: int | None = None) -> Callable[[str, int], int | None]:
+                     cap: int | None = None, model=None) -> Callable[[str, int], int | None]:
     """``segment(algorithm, nbytes)``: the segment size the executor runs a forced ``algorithm`` with —
-    the installed cost model's choice where selection has one (``select.allreduce_choice`` with
-    ``select.installed()``), else ``default`` (the runtime's ``segment_bytes``); at most ``cap`` (the
+    the cost ``model``'s choice where the runtime's selector has one (``select.allreduce_choice`` with
+    ``rt.selector.model``), else ``default`` (the runtime's ``segment_bytes``); at most ``cap`` (the
     transport's ``max_segment_bytes``) when given."""
     from ringlet.tuning import select
 
     def capped(seg: int | None) -> int | None:
         return seg if not cap else min(seg or cap, cap)
 
-    choose, installed = getattr(select, "allreduce_choice", None), getattr(select, "installed", None)
-    model = installed() if installed is not None else None
-    if choose is None or model is None:
+    if model is None:
         return lambda algorithm, nbytes: capped(default)
 
     def segment(algorithm: str, nbytes: int) -> int | None:
-        choice = choose(algorithm, len(host_of), nbytes, tuple(host_of), select.Capabilities(), model, itemsize)
+        choice = select.allreduce_choice(algorithm, len(host_of), nbytes, tuple(host_of), select.Capabilities(),
+                                         model, itemsize)
         return capped(choice.segment_bytes or default)
 
     return segment

@@ -22,7 +22,7 @@ import sys
 
 import click
 
-from ..benchmarking import parse_size
+from ..sizes import parse_size
 from ..cluster import _rsh, linktest, manager, netns
 from ..cluster.foreground import up_and_run
 from ..cluster import state as st

@@ -57,11 +57,14 @@ def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_
     names; when a rank fails, the job stops and ringlet run exits with that rank's status."""
     if secret_from_stdin:  # a node launcher of a multi-host job (see ringlet.launch.agent)
         os.environ[SECRET_ENV] = sys.stdin.readline().strip()
+    start = run
+    if cluster:  # the emulated hosts of `ringlet cluster up`: the cluster tool fills in the host options
+        from ..cluster import run_job as start
     try:
-        status = run(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
-                     node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id, cluster=cluster,
-                     elastic=elastic, min_np=min_np, max_np=max_np, restarts=restarts,
-                     elastic_timeout=elastic_timeout)
+        status = start(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
+                       node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
+                       elastic=elastic, min_np=min_np, max_np=max_np, restarts=restarts,
+                       elastic_timeout=elastic_timeout)
     except LaunchError as exc:
         err = click.ClickException(str(exc))
         err.exit_code = exc.exit_code

@@ -42,11 +42,12 @@ def tune_cli(np_, transport, hosts, cluster, out, quick):
 
 def _tune_in_job(out: str, plan: str) -> int:
     import ringlet
+    from ringlet.engine.probe import Prober
     from ringlet.tuning.calibrate import calibrate
     from ringlet.tuning.profile import cache_path
 
     rt = ringlet.init(options=dataclasses.replace(ringlet.Options.from_env(), tune="off"))
-    prof = calibrate(rt, plan)
+    prof = calibrate(Prober(rt), plan)
     if rt.rank == 0:
         path = out or cache_path(prof.fingerprint)
         prof.save(path)

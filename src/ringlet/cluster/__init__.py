@@ -9,9 +9,9 @@ over the capped links. Needs root. See docs/cluster.md.
 """
 from __future__ import annotations
 
-from .launch import run_options
+from .launch import run_job, run_options
 from .manager import down, leftovers, status, up
 from .state import ClusterError, ClusterSpec, ClusterState, load, parse_rate, require
 
 __all__ = ["ClusterError", "ClusterSpec", "ClusterState", "down", "leftovers", "load", "parse_rate", "require",
-           "run_options", "status", "up"]
+           "run_job", "run_options", "status", "up"]

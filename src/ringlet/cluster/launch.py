@@ -17,6 +17,30 @@ from .state import ClusterError
 RSH_SCRIPT = str(Path(__file__).with_name("_rsh.py"))
 
 
+def run_job(command, np: int | None = None, *, transport: str | None = None, env: dict | None = None,
+            node_rank: int | None = None, elastic: bool = False, path: Path = st.STATE_PATH, **options) -> int:
+    """``ringlet run --cluster``: :func:`ringlet.launch.run` on the emulated hosts of the cluster that is
+    up, with its host list, remote shell, first host's address (and for ``mpi`` its ``mpiexec`` entry)
+    filled in from :func:`run_options`; ``options`` are the launcher's others. A node launcher
+    (``node_rank`` given) already has them. Returns the job's exit status; ``LaunchError`` for options
+    the cluster cannot run (``--elastic``, ``--hosts``, no cluster up, not root)."""
+    from ..launch import LaunchError, default_transport, run
+
+    if elastic:
+        raise LaunchError("--elastic runs on this host only (no --hosts / --cluster yet).")
+    transport = (transport or default_transport(cluster=True)).strip().lower()
+    if node_rank is None:
+        try:
+            opts = run_options(transport, hosts=options.pop("hosts", None), rsh=options.pop("rsh", "ssh"),
+                               master_addr=options.pop("master_addr", None), path=path)
+        except ClusterError as exc:
+            raise LaunchError(str(exc)) from None
+        options.update(hosts=opts["hosts"], rsh=opts["rsh"], master_addr=opts["master_addr"],
+                       mpi_entry=opts.get("mpi_entry"))
+        env = {**opts.get("env", {}), **(env or {})}
+    return run(command, np, transport=transport, env=env, node_rank=node_rank, **options)
+
+
 def rsh_command(path: Path = st.STATE_PATH) -> str:
     """The ``--rsh`` that runs ``RSH HOST 'command'`` inside emulated host HOST."""
     return shlex.join([sys.executable, RSH_SCRIPT, "--state", str(path)])

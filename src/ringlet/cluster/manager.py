@@ -59,6 +59,17 @@ def leftovers() -> list[str]:
     return out
 
 
+def _clear_the_way(replace: bool, log: Log) -> None:
+    """Refuse a cluster that is up unless ``replace``; remove it, or the leftovers of a crashed one."""
+    old = st.load()
+    if old is not None and not replace and not (old.foreground and not alive(old.pid)):
+        raise ClusterError(f"A cluster of {len(old.hosts)} hosts is already up (see `ringlet cluster status`); "
+                           "remove it with `ringlet cluster down`, or pass --replace.")
+    if old is not None or leftovers():
+        log("removing the earlier cluster" if old is not None and replace else "removing leftovers of a crashed cluster")
+        down(log=log)
+
+
 def up(spec: ClusterSpec, *, replace: bool = False, foreground: bool = False, log: Log = _quiet) -> ClusterState:
     """Create the cluster of ``spec``; return its state (also saved to :data:`state.STATE_PATH`).
 
@@ -69,13 +80,7 @@ def up(spec: ClusterSpec, *, replace: bool = False, foreground: bool = False, lo
         spec = spec.validate()
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
-    old = st.load()
-    if old is not None and not replace and not (old.foreground and not alive(old.pid)):
-        raise ClusterError(f"A cluster of {len(old.hosts)} hosts is already up (see `ringlet cluster status`); "
-                           "remove it with `ringlet cluster down`, or pass --replace.")
-    if old is not None or leftovers():
-        log("removing the earlier cluster" if old is not None and replace else "removing leftovers of a crashed cluster")
-        down(log=log)
+    _clear_the_way(replace, log)
     net = spec.network()
     clash = netns.overlapping_routes(net)
     if clash:

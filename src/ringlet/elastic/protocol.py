@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..launch.shim import Layout
+from ..layout import Layout
 
 GEN = "gen"
 ABORT = "abort"
@@ -72,7 +72,7 @@ class Record:
 
 @dataclass(frozen=True)
 class Assignment(Layout):
-    """A worker's place (:class:`~ringlet.launch.shim.Layout`: Horovod's definitions of local and cross
+    """A worker's place (:class:`~ringlet.layout.Layout`: Horovod's definitions of local and cross
     ranks) in one generation."""
 
     generation: int = 0

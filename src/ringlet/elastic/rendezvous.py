@@ -229,7 +229,7 @@ def hosts_updated() -> bool:
 
 
 def _export(a: P.Assignment) -> None:
-    from ringlet.launch.shim import layout_env
+    from ..layout import layout_env
 
     env = os.environ
     env.update({"RANK": str(a.rank), "WORLD_SIZE": str(a.size), "LOCAL_RANK": str(a.local_rank),

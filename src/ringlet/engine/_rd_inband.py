@@ -6,7 +6,7 @@ of every member whose contribution it has folded in. Partners swap vectors and e
 the end every member holds every member's entry and the reduced vector: the check costs no round of
 its own. The reduction runs on a scratch copy, and ``flat`` is written only when every entry agrees;
 otherwise every member raises the same MismatchError (they all hold the same entries). Receives take
-``irecv_upto`` buffers large enough for any record and :data:`~ringlet.engine.small.P2P_MAX_BYTES`,
+``irecv_upto`` buffers large enough for any record and the transport's ``capabilities.small_bytes``,
 so a peer with another size is named by its entry instead of failing the receive. Partners combine
 ``a op b`` and ``b op a``: the same bits for ringlet's commutative ops, so every member ends equal.
 
@@ -143,12 +143,7 @@ class _State:
             hs.append(tr.irecv_upto(self.in_frame, self.ch.peers[peer], tag))
         if send:
             hs.append(tr.isend(self._send_frame(), self.ch.peers[peer], tag))
-        wait_all = getattr(tr, "wait_all", None)
-        if wait_all is not None:
-            wait_all(hs, timeout)
-        else:
-            for h in hs:
-                h.wait(timeout)
+        tr.wait_all(hs, timeout)
         if not recv:
             return
         off = _decode(self.in_mv, self.entries)

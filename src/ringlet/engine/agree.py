@@ -2,11 +2,11 @@
 
 :func:`exchange` all-gathers one fixed-size byte slot per member: the core API's metadata records,
 the Horovod coordinator's negotiation messages and the runtime's hostnames all travel through it.
-:func:`agree` is the core API's check. Where the group has a small-message carrier
+:func:`agree` is the core API's check. Where the group has a small-message path
 (:func:`ringlet.engine.small.carrier`: shared memory's mailbox, or MPI's point-to-point)
 the records travel over it, as the small all-reduce carries its own in band, so that members calling
 different ops meet in the same messages. Elsewhere, on transports with a cheap native all-reduce
-(``native_digest``) the members first compare a 62-bit digest of their records in one tiny
+(``capabilities.native_digest``) the members first compare a 62-bit digest of their records in one tiny
 all-reduce, and exchange the records themselves only when the digests differ (to name the
 mismatch); elsewhere they exchange the records at once. A disagreement raises the same
 :class:`~ringlet.types.MismatchError` on every member, and nothing else has moved.
@@ -100,10 +100,9 @@ def agree(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta] | None:
     the records for its sizes even unchecked). Single-member groups return None."""
     if ch.size == 1:
         return None
-    how = small.carrier(ch, 0)
-    if how is not None:  # where small all-reduces check in band, every op agrees over the same carrier
-        return small.records(ch, meta, how, check=check)
-    if ch.transport.native_digest and digest_agrees(ch, meta):
+    if small.carrier(ch) is not None:  # where small all-reduces check in band, every op agrees there too
+        return small.records(ch, meta, check=check)
+    if ch.transport.capabilities.native_digest and digest_agrees(ch, meta):
         return None
     # The digest result is the same everywhere, so every member gets here or none does.
     metas = exchange_records(ch, meta)
@@ -119,10 +118,9 @@ def records(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta]:
     named, instead of waiting in different channels."""
     if ch.size == 1:
         return [meta]
-    how = small.carrier(ch, 0)
-    if how is not None:
-        return small.records(ch, meta, how, check=check)
-    if check and ch.transport.native_digest:
+    if small.carrier(ch) is not None:
+        return small.records(ch, meta, check=check)
+    if check and ch.transport.capabilities.native_digest:
         digest_agrees(ch, meta)
     metas = exchange_records(ch, meta)
     if check:

@@ -31,7 +31,10 @@ def tag_base(tag_slot: int, seq: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Channel:
-    """One op's view of the network: ``rank`` is this process's rank in ``group`` (the schedule rank)."""
+    """One op's view of the network: ``rank`` is this process's rank in ``group`` (the schedule rank).
+    ``selector``: the algorithm selector (a :class:`ringlet.tuning.select.Selector`) handed over by
+    whoever builds the channel (:meth:`ringlet.runtime.Runtime.channel`: the runtime's); the operations
+    that choose an algorithm ask it, and raise ``ValueError`` on a channel without one."""
 
     transport: Any
     group: Group
@@ -40,14 +43,15 @@ class Channel:
     segment_bytes: int = 4 << 20
     timeout: float | None = None
     workspace: dict | None = None
+    selector: Any = None
 
     @staticmethod
     def world(transport, tag: int = 0, *, segment_bytes: int = 4 << 20, timeout: float | None = None,
-              workspace: dict | None = None) -> "Channel":
+              workspace: dict | None = None, selector: Any = None) -> "Channel":
         """A channel over every rank of ``transport`` (one host assumed), outside any runtime: for
         bootstrapping (the hostname exchange) and for running schedules directly in tests."""
         everyone = Group(-1, tuple(range(transport.size)), (0,) * transport.size)
-        return Channel(transport, everyone, transport.rank, tag, segment_bytes, timeout, workspace)
+        return Channel(transport, everyone, transport.rank, tag, segment_bytes, timeout, workspace, selector)
 
     @property
     def peers(self) -> tuple[int, ...]:

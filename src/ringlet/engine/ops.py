@@ -8,6 +8,14 @@ layout). Nothing here exchanges metadata. Results match :mod:`ringlet.algorithms
 Reductions are :class:`~ringlet.types.Reduction` objects; ``pre``/``post`` scale factors apply before
 and after the reduction, and an averaging reduction divides by the group size once, at the end.
 Integer tensors are scaled in float64 and truncated toward zero.
+
+Where more than one algorithm could run, the channel's selector (``Channel.selector``: a
+:class:`ringlet.tuning.select.Selector`, handed over by whoever built the channel) chooses; this module
+does not import the tuning package.
+
+The core API's all-reduce is :func:`allreduce_op_`, one straight line: the transport's small-message
+path (:mod:`ringlet.engine.small`, the check in band) where it takes the message, else the metadata
+agreed (:mod:`ringlet.engine.agree`), the algorithm selected, its schedule executed.
 """
 from __future__ import annotations
 
@@ -16,10 +24,11 @@ from typing import Sequence
 
 import torch
 
-from ..algorithms import ALLREDUCE, NATIVE, alltoall as alltoall_alg, barrier as barrier_alg, binomial, direct, ring
-from ..tuning import select
+from ..algorithms import ALLREDUCE, AUTO, NATIVE, binomial, direct, ring
+from ..algorithms import alltoall as alltoall_alg
+from ..algorithms import barrier as barrier_alg
 from ..types import Reduction, dtype_name
-from . import small
+from . import agree, small
 from .channel import Channel
 from .meta import Meta
 
@@ -54,42 +63,62 @@ def row_numel(t: torch.Tensor) -> int:
 
 
 # ---- all-reduce -------------------------------------------------------------------------------
-def small_allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = select.AUTO,
+def allreduce_op_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO, pre: float = 1.0,
+                  post: float = 1.0, meta: Meta | None = None) -> str:
+    """One all-reduce op of ``flat`` in place, as the core API runs it; returns the algorithm that ran
+    (``"small"`` for the transport's small-message path, ``""`` when nothing moved). With ``meta``,
+    every member's record is compared first and a mismatch raises the same
+    :class:`~ringlet.types.MismatchError` on every member before ``flat`` is written: in band on the
+    small path (:func:`small_allreduce_`), else by :func:`ringlet.engine.agree.agree`, then
+    :func:`allreduce_`."""
+    if small_allreduce_(ch, flat, red, algorithm, pre, post, meta):
+        return "small"
+    if meta is not None:
+        agree.agree(ch, meta)
+    return allreduce_(ch, flat, red, algorithm, pre, post)
+
+
+def small_allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO,
                      pre: float = 1.0, post: float = 1.0, meta: Meta | None = None) -> bool:
-    """Reduce ``flat`` in place over the group's small-message carrier (:mod:`ringlet.engine.small`:
-    one round, or recursive doubling, with ``meta`` checked in band when given) and return True, when
-    ``algorithm`` is ``"auto"`` and the carrier takes ``flat``'s size; else return False, untouched."""
-    if algorithm != select.AUTO or ch.size < 2:
-        return False
-    how = small.carrier(ch, flat.numel() * flat.element_size())
-    if how is None:
+    """Reduce ``flat`` in place over the transport's small-message path (:mod:`ringlet.engine.small`,
+    with ``meta`` checked in band when given) and return True, when ``algorithm`` is ``"auto"`` and
+    the path takes ``flat``'s size on this group; else return False, untouched."""
+    how = small.carrier(ch) if algorithm == AUTO else None
+    if how is None or flat.numel() * flat.element_size() > ch.transport.capabilities.small_bytes:
         return False
     src = None if pre == 1.0 else scale_(flat.clone(), pre)
-    small.allreduce_(ch, flat, red, meta, how, src)
+    small.allreduce_(ch, flat, red, meta, src, how=how)
     finish_(flat, red, ch.size, post)
     return True
 
 
+def _selector(ch: Channel):
+    """The channel's algorithm selector; ``ValueError`` when whoever built the channel handed none."""
+    if ch.selector is None:
+        raise ValueError("this channel has no algorithm selector: build it with selector= (a "
+                         "ringlet.tuning.select.Selector; Runtime.channel hands the runtime's).")
+    return ch.selector
 
-def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = select.AUTO,
+
+def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO,
                pre: float = 1.0, post: float = 1.0) -> str:
-    """Reduce ``flat`` over the group in place; returns the algorithm that ran (``""`` when nothing
-    moved). ``algorithm``: a name from :func:`ringlet.tuning.select.requested` — ``"auto"`` or forced.
-    A forced ``"native"`` the transport cannot run (no native all-reduce, or not for this dtype) raises
-    ``ValueError``; ``"auto"`` then falls back to ringlet's schedules."""
+    """Reduce ``flat`` over the group in place by a schedule (or the backend's own all-reduce); returns
+    the algorithm that ran (``""`` when nothing moved). ``algorithm``: a name from
+    :func:`ringlet.tuning.select.requested` — ``"auto"`` or forced — that the channel's selector turns
+    into what runs. A forced ``"native"`` the transport cannot run (no native all-reduce, or not for
+    this dtype) raises ``ValueError``; ``"auto"`` then falls back to ringlet's schedules."""
     scale_(flat, pre)
     ran = ""
     if ch.size > 1 and flat.numel() > 0:
         nbytes, itemsize = flat.numel() * flat.element_size(), flat.element_size()
-        host_of, model = ch.group.host_of, select.installed()
-        choice = select.allreduce_choice(algorithm, ch.size, nbytes, host_of, select.Capabilities.of(ch.transport),
-                                         model, itemsize)
+        host_of, selector, caps = ch.group.host_of, _selector(ch), ch.transport.capabilities
+        choice = selector.allreduce(algorithm, ch.size, nbytes, host_of, caps, itemsize)
         if choice.algorithm == NATIVE and not ch.transport.native_allreduce(flat, red.op, ch.peers):
             if algorithm == NATIVE:
                 raise ValueError(f"algorithm 'native' is not available on the {ch.transport.name} transport "
                                  f"for {dtype_name(flat.dtype)} tensors.")
-            choice = select.allreduce_choice(select.AUTO, ch.size, nbytes, host_of, select.Capabilities(), model,
-                                             itemsize)
+            choice = selector.allreduce(AUTO, ch.size, nbytes, host_of, dataclasses.replace(caps, native_small=False),
+                                        itemsize)
         ran = choice.algorithm
         if ran != NATIVE:
             run_on = ch if choice.segment_bytes is None else dataclasses.replace(ch, segment_bytes=choice.segment_bytes)
@@ -126,10 +155,11 @@ def reduce_scatter_rows(ch: Channel, work: torch.Tensor, red: Reduction, pre: fl
 def allgather_(ch: Channel, flat: torch.Tensor, counts: Sequence[int], algorithm: str = "ring") -> None:
     """Fill ``flat`` with every member's block in rank order; this rank's block (``counts[rank]``
     elements after the lower ranks' blocks) must already hold its data. ``algorithm``: ring, direct or
-    ``"auto"`` (the installed cost model's choice: :func:`ringlet.tuning.select.allgather_choice`)."""
+    ``"auto"`` (the channel's selector chooses: :func:`ringlet.tuning.select.allgather_choice`)."""
     if ch.size > 1 and sum(counts) > 0:
-        name = select.allgather_choice(algorithm, tuple(counts), flat.element_size(), tuple(ch.group.host_of),
-                                       select.installed())
+        name = algorithm
+        if algorithm not in _ALLGATHER:
+            name = _selector(ch).allgather(algorithm, tuple(counts), flat.element_size(), tuple(ch.group.host_of))
         ch.run(_ALLGATHER[name](ch.size, tuple(counts)), (flat,))
 
 

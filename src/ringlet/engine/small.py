@@ -1,25 +1,24 @@
-"""The small-message all-reduce with the metadata check in the same messages (no round of its own).
+"""The transport's small-message path: an all-reduce with the metadata check in the same messages.
 
-The op's metadata record (:class:`~ringlet.engine.meta.Meta`, encoded) travels in front of the vector; every member ends
-with every member's record, compares them (raising the same :class:`~ringlet.types.MismatchError`
-everywhere when they differ, before ``flat`` is written) and holds the reduction, with the same bits
-on every member. Up to :data:`P2P_MAX_BYTES` / the mailbox's 64 KiB.
+The op's metadata record (:class:`~ringlet.engine.meta.Meta`, encoded) travels in front of the vector;
+every member ends with every member's record, compares them (raising the same
+:class:`~ringlet.types.MismatchError` everywhere when they differ, before ``flat`` is written) and holds
+the reduction, with the same bits on every member. Up to the transport's ``capabilities.small_bytes``.
 
-Three carriers:
+Each transport declares at most one path (``capabilities.small_path``), so there is one per transport:
 
-* ``mailbox``: the shm transport's :meth:`~ringlet.transport.shm.ShmTransport.small_round` (world
-  groups only), one round: each member copies its vector into its own slot, the last to publish
-  wakes the others, and every member reduces the ``p`` slots in rank order. A mismatch of sizes is
-  seen in the records before any payload is read.
-* ``p2p-rd`` (the collectives' carrier on MPI; on request on any transport with ``irecv_upto``):
-  recursive doubling with every member's record carried in band (:mod:`._rd_inband`): ``⌈log₂p⌉``
-  rounds, no round of its own for the check. On the emulated 1 Gbit/s cluster it beat the one-round
-  ``p2p``, whose ``(p-1)`` incoming messages share one capped link and cost more CPU, and MPI's own
-  all-reduce behind a digest round.
-* ``p2p``: one round, one message per peer, received into a buffer of :data:`P2P_MAX_BYTES` so that a
-  peer with another size is named by its record instead of failing the receive; reduced in rank order.
+* ``mailbox`` (shared memory): :meth:`~ringlet.transport.shm.ShmTransport.small_round`, world group
+  only, one round: each member copies its vector into its own slot, the last to publish wakes the
+  others, and every member reduces the ``p`` slots in rank order. A mismatch of sizes is seen in the
+  records before any payload is read.
+* ``p2p`` (MPI): recursive doubling over ``irecv_upto`` with every member's record carried in band
+  (:mod:`._rd_inband`): ``⌈log₂p⌉`` rounds, no round of its own for the check. On the emulated
+  1 Gbit/s cluster it beat a one-round exchange, whose ``(p-1)`` incoming messages share one capped
+  link and cost more CPU, and MPI's own all-reduce behind a digest round.
 
-:func:`carrier` says which one applies (or ``None``: use the schedules); :func:`allreduce_` runs it.
+:func:`carrier` says which applies to a channel (or ``None``: the schedules), :func:`takes` whether it
+takes a message of a given size, :func:`allreduce_` runs it, :func:`records` exchanges the records only
+(the check of a collective that moves its data elsewhere, over the same messages).
 """
 from __future__ import annotations
 
@@ -33,81 +32,76 @@ from ._rd_inband import NP_DTYPES, NP_OPS, allreduce_rd
 from .channel import Channel
 from .meta import Meta, mismatch
 
-P2P_MAX_BYTES = 64 << 10  # payload limit of the p2p carriers (one receive buffer per peer of this size)
-_HDR = 8  # p2p frame: payload bytes (int64), then the record, then the payload
 
-
-def carrier(ch: Channel, nbytes: int, limit: int | None = None, *, p2p: bool = False) -> str | None:
-    """``"mailbox"`` (shm, the runtime's world group), ``"p2p-rd"`` (transports with ``irecv_upto`` that
-    set ``small_p2p``: MPI; any with ``irecv_upto`` when ``p2p``), or ``None`` (use the schedules) for an
-    all-reduce of ``nbytes`` on ``ch``'s group. ``limit`` caps the payload (default: the carrier's own
-    capacity). ``carrier(ch, 0)`` says whether the group has a small carrier at all: then every checked
-    collective must agree through :func:`records` on it, so that members calling different ops meet in
-    the same messages.
+def carrier(ch: Channel) -> str | None:
+    """The small-message path of ``ch``'s group: ``"mailbox"`` (the transport declares it and the group
+    is the runtime's world group: the mailbox is one per process, without tags, and only the world's
+    ops run one at a time), ``"p2p"`` (declared; any group), or ``None`` (the schedules; also for a
+    group of one). Where there is one, every checked collective agrees through :func:`records` on it,
+    so that members calling different ops meet in the same messages.
 
     Over point-to-point a dead peer can hide behind a live one that stopped on its error (recursive
     doubling's indirect dependencies), as in every schedule; the liveness monitor names it. The mailbox
     watches every peer itself."""
     tr = ch.transport
-    if ch.size < 2:
+    path = tr.capabilities.small_path
+    if ch.size < 2 or path is None:
         return None
-    box = getattr(tr, "mailbox", None)
-    # The mailbox is one per process and has no tags: only the runtime's world group (id 0), whose ops
-    # run one at a time, may use it.
-    if box is not None and ch.group.id == 0 and ch.size == tr.size:
-        cap = tr.mailbox_payload_max
-        return "mailbox" if nbytes <= (cap if limit is None else min(cap, limit)) else None
-    if (p2p or getattr(tr, "small_p2p", False)) and hasattr(tr, "irecv_upto"):
-        return "p2p-rd" if nbytes <= (P2P_MAX_BYTES if limit is None else min(P2P_MAX_BYTES, limit)) else None
-    return None
+    if path == "mailbox" and not (ch.group.id == 0 and ch.size == tr.size):
+        return None
+    return path
 
 
-def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, meta: Meta | None, how: str,
-               src: torch.Tensor | None = None) -> None:
+def takes(ch: Channel, nbytes: int) -> bool:
+    """True when ``ch``'s group has a small-message path and it takes ``nbytes`` of payload."""
+    return carrier(ch) is not None and nbytes <= ch.transport.capabilities.small_bytes
+
+
+def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, meta: Meta | None,
+               src: torch.Tensor | None = None, *, how: str | None = None) -> None:
     """``flat`` (1-D, contiguous) becomes the reduction (not yet averaged) of every member's vector over
-    carrier ``how`` (from :func:`carrier`, or ``"p2p"``). This member's vector is ``src`` (same dtype and
-    size, e.g. a prescaled copy) or ``flat`` itself. With ``meta``, every member checks every record
-    first and raises the same MismatchError on all members if any differs; without it, only the sizes
-    are compared. ``flat`` is written only after the check passed. Every member must pass the same
-    ``how``."""
+    the group's small-message path (:func:`takes` must hold; ``how``: :func:`carrier`'s answer when the
+    caller has it). This member's vector is ``src`` (same dtype and size, e.g. a prescaled copy) or
+    ``flat`` itself. With ``meta``, every member checks every record first and raises the same
+    MismatchError on all members if any differs; without it, only the sizes are compared. ``flat`` is
+    written only after the check passed."""
+    how = carrier(ch) if how is None else how
+    if how is None:
+        raise ValueError(f"the {ch.transport.name} transport has no small-message path for this group")
     rec = b"" if meta is None else meta.encode()
     if src is not None and (src.dtype != flat.dtype or src.numel() != flat.numel()):
         raise ValueError("src must have flat's dtype and size")
     if how == "mailbox":
         _mailbox(ch, flat, red, rec, flat if src is None else src)
-    elif how == "p2p":
-        _p2p(ch, flat, red, rec, flat if src is None else src)
-    elif how == "p2p-rd":
-        entries, acc = allreduce_rd(ch, flat, red, rec, src, P2P_MAX_BYTES)
-        nbytes = flat.numel() * flat.element_size()
-        if any(n != nbytes or r != rec for n, r in entries):
-            _mismatch(ch, [r for _, r in entries] if rec else [], [n for n, _ in entries])
-        if nbytes:
-            flat.copy_(acc)
-    else:
-        raise ValueError(f"unknown small all-reduce carrier {how!r}")
+        return
+    entries, acc = allreduce_rd(ch, flat, red, rec, src, ch.transport.capabilities.small_bytes)
+    nbytes = flat.numel() * flat.element_size()
+    if any(n != nbytes or r != rec for n, r in entries):
+        _mismatch(ch, [r for _, r in entries] if rec else [], [n for n, _ in entries])
+    if nbytes:
+        flat.copy_(acc)
 
 
-def exchange_records(ch: Channel, meta: Meta, how: str) -> list[tuple[int, bytes]]:
-    """Every member's ``(payload bytes, encoded record)`` in group-rank order, over carrier ``how``
-    (``mailbox``: one round, no payload; ``p2p-rd``: the in-band rounds without a vector). Nothing is
-    compared."""
-    rec = meta.encode()
+def exchange_records(ch: Channel, meta: Meta) -> list[tuple[int, bytes]]:
+    """Every member's ``(payload bytes, encoded record)`` in group-rank order over the group's
+    small-message path (``mailbox``: one round, no payload; ``p2p``: the in-band rounds without a
+    vector). Nothing is compared."""
+    how, rec = carrier(ch), meta.encode()
     if how == "mailbox":
         seq = ch.transport.small_round(rec, None, ch.timeout)
         box = ch.transport.mailbox
         return [(box.payload_bytes(q, seq), box.record(q, seq)) for q in range(ch.size)]
-    if how == "p2p-rd":
-        return allreduce_rd(ch, None, None, rec, None, P2P_MAX_BYTES)[0]
-    raise ValueError(f"no record exchange over carrier {how!r}")
+    if how == "p2p":
+        return allreduce_rd(ch, None, None, rec, None, ch.transport.capabilities.small_bytes)[0]
+    raise ValueError(f"the {ch.transport.name} transport has no small-message path for this group")
 
 
-def records(ch: Channel, meta: Meta, how: str, *, check: bool = True) -> list[Meta]:
-    """Every member's record, in group-rank order, over carrier ``how``; with ``check``, the same
-    MismatchError on every member when the records disagree (:func:`ringlet.engine.meta.mismatch`: a
-    ragged all-gather's first dimensions may differ) or a member sent a vector (it called the small
-    all-reduce)."""
-    entries = exchange_records(ch, meta, how)
+def records(ch: Channel, meta: Meta, *, check: bool = True) -> list[Meta]:
+    """Every member's record, in group-rank order, over the group's small-message path; with
+    ``check``, the same MismatchError on every member when the records disagree
+    (:func:`ringlet.engine.meta.mismatch`: a ragged all-gather's first dimensions may differ) or a
+    member sent a vector (it called the small all-reduce)."""
+    entries = exchange_records(ch, meta)
     if check and any(n for n, _ in entries):
         _mismatch(ch, [r for _, r in entries], [n for n, _ in entries])
     metas = [Meta.decode(r)[0] for _, r in entries]
@@ -158,40 +152,3 @@ def _mailbox(ch: Channel, flat: torch.Tensor, red: Reduction, rec: bytes, src: t
     dt = flat.dtype
     # Our own contribution is read back from our slot: ``flat`` is overwritten with the result.
     _reduce_in_order(flat, box.payloads(seq, dt, flat.numel(), dt in NP_DTYPES), red)
-
-
-def _scratch(ch: Channel, nbytes: int, slots: int) -> torch.Tensor:
-    ws = ch.workspace if ch.workspace is not None else {}
-    key = ("engine.small", slots)
-    buf = ws.get(key)
-    if buf is None or buf.numel() < nbytes * slots:
-        buf = ws[key] = torch.empty(nbytes * slots, dtype=torch.uint8)
-    return buf
-
-
-def _p2p(ch: Channel, flat: torch.Tensor, red: Reduction, rec: bytes, src: torch.Tensor) -> None:
-    tr, p, me = ch.transport, ch.size, ch.rank
-    nbytes = flat.numel() * flat.element_size()
-    head = -(-(_HDR + len(rec)) // 8) * 8  # the payload 8-byte aligned, whatever the record's length
-    frame_cap = head + P2P_MAX_BYTES
-    buf = _scratch(ch, frame_cap, p)
-    frames = [buf[q * frame_cap:(q + 1) * frame_cap] for q in range(p)]
-    mine = frames[me][:head + nbytes]
-    frame_head = struct.pack("<q", nbytes) + rec
-    mine[:len(frame_head)].copy_(torch.frombuffer(bytearray(frame_head), dtype=torch.uint8))
-    if nbytes:
-        mine[head:].copy_(src.view(torch.uint8))
-    peers = [q for q in range(p) if q != me]
-    recvs = [tr.irecv_upto(frames[q], ch.peers[q], ch.tag) for q in peers]
-    sends = [tr.isend(mine, ch.peers[q], ch.tag) for q in peers]
-    for h in recvs + sends:
-        h.wait(ch.timeout)
-    sizes = [int(struct.unpack_from("<q", frames[q][:_HDR].numpy().tobytes())[0]) for q in range(p)]
-    recs = [bytes(frames[q][_HDR:_HDR + len(rec)].numpy().tobytes()) for q in range(p)] if rec else []
-    if not (all(s == nbytes for s in sizes) and all(r == rec for r in recs)):
-        _mismatch(ch, recs, sizes)
-    if nbytes:
-        views = [frames[q][head:head + nbytes].view(flat.dtype) for q in range(p)]
-        if flat.dtype in NP_DTYPES:
-            views = [v.numpy() for v in views]
-        _reduce_in_order(flat, views, red)

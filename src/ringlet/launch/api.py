@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 
-from ..cluster import ClusterError, run_options
 from ..security.secret import SECRET_ENV, job_secret, new_secret
 from .agent import run_torch
 from .config import TRANSPORTS, LaunchError, RunConfig
@@ -32,17 +31,19 @@ def _cuda_devices() -> bool:
 def run(command, np: int | None = None, *, transport: str | None = None, hosts=None, rsh: str = "ssh",
         port: int | None = None, master_addr: str | None = None, node_rank: int | None = None,
         rdzv_endpoint: str | None = None, run_id: str | None = None, env: dict | None = None,
-        cluster: bool = False, elastic: bool = False, min_np: int | None = None, max_np: int | None = None,
-        restarts: int = 0, elastic_timeout: float = 600.0) -> int:
+        elastic: bool = False, min_np: int | None = None, max_np: int | None = None,
+        restarts: int = 0, elastic_timeout: float = 600.0, mpi_entry: tuple[str, ...] | None = None) -> int:
     """Run ``command`` (argv list) as ``np`` ranks; return the job's exit status (0 when every rank succeeded,
     else the status of the rank that failed first). ``transport``: ``torch``, ``shm`` or ``mpi``; None picks
     :func:`default_transport`. ``hosts``: ``"h1:4,h2:4"`` or ``[("h1", 4), ...]``. ``env``: extra variables
-    for every rank. ``cluster``: run on the emulated hosts of ``ringlet cluster up`` (sets ``hosts``, ``rsh``
-    and ``master_addr``). ``elastic``: survive dead workers while at least ``min_np`` (default ``np``)
+    for every rank. ``elastic``: survive dead workers while at least ``min_np`` (default ``np``)
     remain, start up to ``restarts`` replacements, at most ``max_np`` ranks (see :mod:`.elastic`).
+    ``mpi_entry``: an argv prefix that runs ``mpiexec`` elsewhere (inside an emulated host). Running on
+    the emulated hosts of ``ringlet cluster up`` is the cluster tool's: :func:`ringlet.cluster.run_job`
+    fills ``hosts``, ``rsh``, ``master_addr``, ``env`` and ``mpi_entry`` and calls this.
     Bad options raise :class:`LaunchError`."""
     if transport is None:
-        transport = default_transport(hosts, cluster=cluster, elastic=elastic)
+        transport = default_transport(hosts, elastic=elastic)
     # Every job gets a secret; its store and transport endpoints accept only holders (docs/security.md).
     env = {**(env or {}), SECRET_ENV: os.environ.get(SECRET_ENV) or new_secret()}
     try:
@@ -51,10 +52,7 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
         raise LaunchError(str(exc)) from None
     transport = transport.strip().lower()
     if elastic:
-        return _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, elastic_timeout)
-    mpi_entry = None
-    if cluster and node_rank is None:
-        hosts, rsh, master_addr, env, mpi_entry = _cluster_options(transport, hosts, rsh, master_addr, env)
+        return _run_elastic(command, np, transport, hosts, env, min_np, max_np, restarts, elastic_timeout)
     command = tuple(command)
     if not command:
         raise LaunchError("No command given: ringlet run -np N -- python train.py ...")
@@ -74,20 +72,11 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
     return run_mpi(cfg) if transport == "mpi" else run_torch(cfg)
 
 
-def _cluster_options(transport, hosts, rsh, master_addr, env):
-    try:
-        opts = run_options(transport, hosts=hosts, rsh=rsh, master_addr=master_addr)
-    except ClusterError as exc:
-        raise LaunchError(str(exc)) from None
-    return (opts["hosts"], opts["rsh"], opts["master_addr"], {**opts.get("env", {}), **(env or {})},
-            opts.get("mpi_entry"))
-
-
-def _run_elastic(command, np, transport, hosts, cluster, env, min_np, max_np, restarts, timeout) -> int:
+def _run_elastic(command, np, transport, hosts, env, min_np, max_np, restarts, timeout) -> int:
     if transport != "torch":
         raise LaunchError(f"--elastic needs --transport torch (Gloo reports dead peers; {transport} does not "
                           "support changing membership).")
-    if hosts or cluster:
+    if hosts:
         raise LaunchError("--elastic runs on this host only (no --hosts / --cluster yet).")
     if np is None:
         raise LaunchError("Give the initial number of ranks with -np N.")

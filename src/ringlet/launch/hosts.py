@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 
 from .config import LaunchError
-from .shim import parse_hosts
+from ..layout import parse_hosts
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 LOOPBACK = "127.0.0.1"

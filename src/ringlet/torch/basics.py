@@ -188,7 +188,7 @@ def is_homogeneous() -> bool:
 def _transport_name() -> str:
     ctx = _ctx_or_none()
     if ctx is not None:
-        return getattr(ctx.rt.transport, "name", "")
+        return ctx.rt.transport.name
     from ringlet.transport import detect
 
     return detect()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .base import COMPLETED, Handle, HostInfo, Transport, WireCount, WireCounter
+from .base import COMPLETED, Capabilities, Handle, HostInfo, Transport, WireCount, WireCounter
 
 NAMES = ("torch", "mpi", "shm", "inproc")
 
@@ -46,4 +46,5 @@ def create(name: str | None = None, *, join=None) -> Transport:
     raise ValueError(f"Unknown transport {name!r}; choose one of {', '.join(NAMES)}.")
 
 
-__all__ = ["COMPLETED", "Handle", "HostInfo", "Transport", "WireCount", "WireCounter", "create", "detect", "NAMES"]
+__all__ = ["COMPLETED", "Capabilities", "Handle", "HostInfo", "Transport", "WireCount", "WireCounter", "create",
+           "detect", "NAMES"]

@@ -1,5 +1,7 @@
-"""The one small interface every transport implements: non-blocking tagged point-to-point, and the
-per-transport count of the bytes it moved (:class:`WireCounter`)."""
+"""The one small interface every transport implements: non-blocking tagged point-to-point, the
+per-transport count of the bytes it moved (:class:`WireCounter`), and the record of the optional
+abilities a backend has (:class:`Capabilities`), with a default method for each: callers read
+``transport.capabilities`` and never probe a transport for attributes."""
 from __future__ import annotations
 
 import abc
@@ -91,6 +93,48 @@ def nbytes(buf: torch.Tensor) -> int:
     return buf.numel() * buf.element_size()
 
 
+SMALL_PATHS = (None, "mailbox", "p2p")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a transport offers beyond tagged point-to-point, declared once per backend
+    (``Transport.capabilities``; the defaults describe a transport with nothing extra).
+
+    ``native_small``: the backend's own all-reduce (compiled, on a low-latency channel: MPI) beats
+    ringlet's Python-driven schedules on small messages; ``"auto"`` then picks it for those.
+    ``native_digest``: a checked op's metadata check should be one tiny native all-reduce of a digest
+    (the record exchange runs only on a mismatch, to name it).
+    ``small_path``: the transport's one path for small all-reduces, with the metadata check in the same
+    messages (:mod:`ringlet.engine.small`), which then also carries every checked op's records:
+    ``"mailbox"`` (one round through :meth:`Transport.small_round`; the world group only), ``"p2p"``
+    (recursive doubling over :meth:`Transport.irecv_upto`; any group) or None (the schedules).
+    ``small_bytes``: the most payload bytes that path takes.
+    ``max_segment_bytes``: the largest message the executor should post (None: no limit), for backends
+    that move large messages exchanged both ways between two ranks at a fraction of the link's rate.
+    ``partial_receive``: :meth:`Transport.irecv_upto` exists (a receive that a shorter message completes).
+    ``group_setup``: a new group needs a step of the backend (:meth:`Transport.on_new_group`), collective
+    over the world and queued like a collective."""
+
+    native_small: bool = False
+    native_digest: bool = False
+    small_path: str | None = None
+    small_bytes: int = 0
+    max_segment_bytes: int | None = None
+    partial_receive: bool = False
+    group_setup: bool = False
+
+    def __post_init__(self) -> None:
+        if self.small_path not in SMALL_PATHS:
+            raise ValueError(f"small_path must be one of {SMALL_PATHS}, got {self.small_path!r}")
+        if self.small_path == "p2p" and not self.partial_receive:
+            raise ValueError("small_path 'p2p' needs partial_receive (irecv_upto)")
+        if self.small_path is not None and self.small_bytes <= 0:
+            raise ValueError(f"small_path {self.small_path!r} needs small_bytes > 0")
+        if self.max_segment_bytes is not None and self.max_segment_bytes < 1:
+            raise ValueError(f"max_segment_bytes must be positive or None, got {self.max_segment_bytes}")
+
+
 @dataclass(frozen=True, slots=True)
 class HostInfo:
     """Where each global rank lives; hierarchical algorithms group ranks by ``host_of``."""
@@ -111,21 +155,11 @@ class Transport(abc.ABC):
     """
 
     name: str = "abstract"
-    # True when the backend's own all-reduce (compiled, on a low-latency channel, e.g. MPI) beats
-    # ringlet's Python-driven schedules on small messages: ``auto`` then picks it for those.
-    native_small: bool = False
-    # True when the metadata check should be one tiny native all-reduce of a digest (the full record
-    # exchange then runs only on a mismatch, to name it): a compiled collective finishes sooner than
-    # a Python-driven all-gather of records.
-    native_digest: bool = False
-    # True when small all-reduces, and with them every checked op's metadata, should travel by
-    # recursive doubling over ``irecv_upto`` with the records in band (:mod:`ringlet.engine.small`):
-    # one exchange where the native path needs a digest round and then the data round.
-    small_p2p: bool = False
-    # The largest message the executor should post (None: no limit): longer transfers are cut into
-    # segments of at most this size, whatever the options' ``segment_bytes``, for backends that move
-    # large messages exchanged both ways between two ranks at a fraction of the link's rate.
-    max_segment_bytes: int | None = None
+    # The optional abilities of this backend (see :class:`Capabilities`); each backend declares its own.
+    capabilities: Capabilities = Capabilities()
+    # Where ``capabilities.small_path == "mailbox"``: the world's mailbox, whose slots :meth:`small_round`'s
+    # round number indexes (records, payload sizes, payloads); None elsewhere.
+    mailbox = None
     rank: int
     size: int
 
@@ -179,6 +213,29 @@ class Transport(abc.ABC):
     # The backend's own collective, the "native" algorithm. Transports without one return False.
     def native_allreduce(self, buf: torch.Tensor, op, ranks: tuple[int, ...]) -> bool:
         return False
+
+    def wait_all(self, handles, timeout: float | None = None) -> None:
+        """Wait for every one of ``handles`` (each within ``timeout``); backends that can wait for many
+        at once override it."""
+        for h in handles:
+            h.wait(timeout)
+
+    def irecv_upto(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
+        """A receive that a message shorter than ``buf`` completes too (fills its front); only where
+        ``capabilities.partial_receive``."""
+        raise NotImplementedError(f"the {self.name} transport has no partial receives "
+                                  "(capabilities.partial_receive is False)")
+
+    def small_round(self, record: bytes, payload: torch.Tensor | None, timeout: float | None) -> int:
+        """One round of the world's mailbox (see :class:`~ringlet.transport.shm.ShmTransport`); only where
+        ``capabilities.small_path == "mailbox"``."""
+        raise NotImplementedError(f"the {self.name} transport has no mailbox (capabilities.small_path is "
+                                  f"{self.capabilities.small_path!r})")
+
+    def on_new_group(self, group_id: int, ranks: tuple[int, ...]) -> None:
+        """The backend's step for a new group of global ``ranks`` (``capabilities.group_setup``); every
+        rank calls it in the same order. Nothing by default."""
+        return None
 
 
 class PostingTransport(Transport):

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..types import CollectiveTimeout, PeerError
-from .base import COMPLETED, Handle, Transport, nbytes
+from .base import COMPLETED, Capabilities, Handle, Transport, nbytes
 
 Key = tuple[int, int, int]  # (src, dst, tag)
 
@@ -158,6 +158,7 @@ class InprocWorld:
 
 class InprocTransport(Transport):
     name = "inproc"
+    capabilities = Capabilities(partial_receive=True)
 
     def __init__(self, world: InprocWorld, rank: int):
         self.world = world

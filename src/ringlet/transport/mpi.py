@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..types import CollectiveTimeout, Options, PeerError, ReduceOp
-from .base import Handle, PostingTransport, nbytes
+from .base import Capabilities, Handle, PostingTransport, nbytes
 
 # Polling a request: spin briefly (latency), yield for a while, then sleep in short naps (one Test per
 # nap) for a while and with a growing pause after that, so that waiting ranks leave the cores to the
@@ -166,12 +166,12 @@ class MPITransport(PostingTransport):
     """Point-to-point over a private duplicate of ``MPI.COMM_WORLD``."""
 
     name = "mpi"
-    native_small = True
-    native_digest = True
-    small_p2p = True
-    # MPICH over TCP moves 4-32 MiB messages that cross between a pair at about half the link's rate,
-    # 1 MiB ones at full rate (docs/design.md, "Measured facts behind defaults").
-    max_segment_bytes = 1 << 20
+    # Small all-reduces by recursive doubling with the records in band: one exchange where the native
+    # path needs a digest round and then the data round. MPICH over TCP moves 4-32 MiB messages that
+    # cross between a pair at about half the link's rate, 1 MiB ones at full rate (docs/design.md,
+    # "Measured facts behind defaults").
+    capabilities = Capabilities(native_small=True, native_digest=True, small_path="p2p", small_bytes=64 << 10,
+                                max_segment_bytes=1 << 20, partial_receive=True, group_setup=True)
 
     def __init__(self, comm=None, *, timeout: float | None = None):
         MPI = _mpi()

@@ -44,7 +44,7 @@ from . import _shm_ring as R
 from ._shm_frames import _Frame, _In, _Op, _Out, _Recv, _Send, _memmove, take_first
 from ._shm_mailbox import Mailbox
 from ._shm_progress import Progress
-from .base import COMPLETED, Handle, Transport, nbytes
+from .base import COMPLETED, Capabilities, Handle, Transport, nbytes
 
 _CHECK_EVERY = 0.1  # seconds between liveness checks while blocked; also the longest doorbell sleep
 _instances = 0  # transports created by this process: part of the bootstrap key prefix
@@ -111,7 +111,8 @@ class ShmTransport(Progress, Transport):
     """
 
     name = "shm"
-    mailbox_payload_max = R.MAILBOX_PAYLOAD
+    # Small all-reduces of the world group in one round through the mailbox (:meth:`small_round`).
+    capabilities = Capabilities(small_path="mailbox", small_bytes=R.MAILBOX_PAYLOAD)
 
     @classmethod
     def available(cls) -> bool:
@@ -204,7 +205,7 @@ class ShmTransport(Progress, Transport):
     # ---- one-round small all-gather (world only) -----------------------------------------------
     def small_round(self, record: bytes, payload: torch.Tensor | None, timeout: float | None) -> int:
         """Every rank of the world publishes ``record`` (bytes) and ``payload`` (at most
-        ``mailbox_payload_max`` bytes) and returns once it can read every rank's; the returned round
+        ``capabilities.small_bytes`` bytes) and returns once it can read every rank's; the returned round
         number indexes ``self.mailbox.record(q, seq)`` / ``.payload(q, seq, dtype, count)``, valid until
         this rank's next round. Every rank must call it, in the same order as its other collectives."""
         if self.mailbox is None:

@@ -27,7 +27,7 @@ from ._gloo_guard import creating_gloo, secure_gloo
 from ._gloo_watch import check_strangers as _check_strangers
 from ._sockets import SocketSet
 from ._waiter import Waiter
-from .base import Handle, PostingTransport, nbytes
+from .base import Capabilities, Handle, PostingTransport, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class TorchTransport(PostingTransport):
     """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
 
     name = "torch"
-    native_digest = True
+    capabilities = Capabilities(native_digest=True, group_setup=True)
 
     def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None,
                  own_world: bool = False):

@@ -1,7 +1,8 @@
 """The network model of a starting job: the calibration profile that matches it, found at ``init``.
 
-:func:`attach` sets ``rt.profile`` (the :class:`~ringlet.tuning.profile.Profile` or ``None``) and
-``rt.network_model`` (``(network, topology)`` or ``None``) on every rank, from ``rt.options``:
+:func:`attach` sets ``rt.profile`` (the :class:`~ringlet.tuning.profile.Profile` or ``None``),
+``rt.network_model`` (``(network, topology)`` or ``None``) and ``rt.selector`` (the algorithm selector
+the runtime hands the engine) on every rank, from ``rt.options``:
 
 - ``tune="off"``: nothing is read; both stay ``None``.
 - ``tune="load"`` (default): the profile at ``options.profile`` (``RINGLET_PROFILE``) if given, else the
@@ -13,11 +14,13 @@
   (:func:`~ringlet.tuning.calibrate.calibrate`, plan ``quick``) runs and rank 0 saves its profile (to the
   explicit path when that file did not exist, else to the cache).
 
-With a profile, its network is installed as the process's cost model (:func:`ringlet.tuning.select.install`):
-``algorithm="auto"`` then picks algorithm and segment size from it; ``ringlet.shutdown`` uninstalls it.
+With a profile, the runtime's selector takes its network as the cost model
+(:class:`ringlet.tuning.select.Selector`): ``algorithm="auto"`` then picks algorithm and segment size
+from it; without one the selector follows the size rule.
 
-Rank 0 reads the file and broadcasts its bytes; every rank parses the same bytes, so every rank holds
-the same numbers or raises the same error. A collective: every rank calls it with the same options.
+Rank 0 reads the file and broadcasts its bytes (through the prober it is handed,
+:class:`ringlet.engine.probe.Prober`, which also runs a calibration); every rank parses the same bytes,
+so every rank holds the same numbers or raises the same error. A collective: every rank calls it with the same options.
 """
 from __future__ import annotations
 
@@ -26,11 +29,10 @@ import logging
 import os
 
 from .calibrate import calibrate
-from . import select
 from .model import Model, segments_up_to
 from .network import Topology
 from .profile import Fingerprint, Profile, cache_path
-from .shared import broadcast_bytes
+from .select import Selector
 
 log = logging.getLogger("ringlet.tuning")
 
@@ -73,29 +75,30 @@ def _save(prof: Profile, path: str) -> None:
         log.warning("ringlet: could not save calibration profile %s: %s", path, exc)
 
 
-def attach(rt) -> Profile | None:
-    """Find (or, with ``tune="auto"``, make) the profile of ``rt``'s job and set ``rt.profile`` and
-    ``rt.network_model`` on every rank; return the profile. Errors: see the module docstring."""
-    rt.profile, rt.network_model = None, None
-    select.install(None)
+def attach(rt, prober) -> Profile | None:
+    """Find (or, with ``tune="auto"``, make) the profile of ``rt``'s job and set ``rt.profile``,
+    ``rt.network_model`` and ``rt.selector`` on every rank; return the profile. ``prober``: a
+    :class:`ringlet.engine.probe.Prober` of ``rt``. Errors: see the module docstring."""
+    rt.profile, rt.network_model, rt.selector = None, None, Selector()
     mode = rt.options.tune
     if mode == "off":
         return None
     fp = Fingerprint.of(rt.world.host_of, rt.transport.name)
     explicit = rt.options.profile
     path = os.path.abspath(os.path.expanduser(explicit)) if explicit else cache_path(fp)
-    envelope = broadcast_bytes(rt, _read(path, bool(explicit)) if rt.rank == 0 else None)
+    envelope = prober.broadcast_bytes(_read(path, bool(explicit)) if rt.rank == 0 else None)
     source = f"calibration profile {path}" + (" (RINGLET_PROFILE)" if explicit else "")
     prof = _parse(envelope, source, fp, missing_ok=(mode == "auto"), rank=rt.rank)
     if prof is None and mode == "auto":
-        prof = calibrate(rt, "quick")
+        prof = calibrate(prober, "quick")
         path = path if explicit and not _had_file(envelope) else cache_path(fp)
         if rt.rank == 0:
             _save(prof, path)
     if prof is not None:
         rt.profile, rt.network_model = prof, (prof.network, Topology(tuple(rt.world.host_of)))
         # "auto" now follows the cost model on every rank, among the segments the transport runs
-        select.install(Model(prof.network, segments=segments_up_to(getattr(rt.transport, "max_segment_bytes", None))))
+        segments = segments_up_to(rt.transport.capabilities.max_segment_bytes)
+        rt.selector = Selector(Model(prof.network, segments=segments))
         if rt.rank == 0:
             log.info("ringlet: network model of %s from %s", fp.describe(), path)
     return prof

@@ -1,12 +1,13 @@
 """Calibration: measure the network constants (α, β per link class, γ) on the live job.
 
 Run by every rank of a job at once (``ringlet tune``, or ``ringlet.init()`` with ``RINGLET_TUNE=auto``);
-every rank returns the identical :class:`~ringlet.tuning.profile.Profile`.
+every rank returns the identical :class:`~ringlet.tuning.profile.Profile`. Framework-free: every buffer,
+timing and exchange between ranks is the prober's it is handed (:class:`ringlet.engine.probe.Prober`).
 
 Protocol (docs/tuning.md gives the reasons):
 
 1. **Links.** For each link class that occurs in the job's host layout, a *shift pattern*
-   (:func:`~ringlet.tuning.probe.shift_pattern`): ``intra`` — every rank sends to the next rank of its
+   (:func:`~ringlet.tuning.patterns.shift_pattern`): ``intra`` — every rank sends to the next rank of its
    host; ``inter`` — every rank sends to its counterpart on the next host. All ranks send at once, as
    in an algorithm's step, so a host's uplink carries its ranks' transfers together (``sharing``,
    counted with :meth:`Topology.links`, as the cost model counts it).
@@ -80,14 +81,12 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
-import torch
 
 from .cost import allreduce_signature, predict_allreduce
 from .fit import LinkFit, Sample, fit_gamma, fit_kappa, fit_link, fit_per_call
 from .network import INTER, INTRA, LINK_CLASSES, Cpus, LinkCost, Network, Topology
-from .probe import Prober, chain, sharing, shift_pattern
+from .patterns import chain, sharing, shift_pattern
 from .profile import Fingerprint, Profile
-from .shared import broadcast_bytes
 from .wire import measure_wire, split_kappa
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -156,7 +155,7 @@ def _reps(plan: CalibrationPlan, nbytes: int) -> int:
 class _ClassRun:
     """Measuring one link class: its pattern, samples and the agreed seconds spent so far."""
 
-    def __init__(self, prober: Prober, cls: str, host_of: Sequence[int], plan: CalibrationPlan):
+    def __init__(self, prober, cls: str, host_of: Sequence[int], plan: CalibrationPlan):
         self.prober, self.cls, self.plan = prober, cls, plan
         self.pattern = shift_pattern(host_of, cls)
         self.sharing = sharing(self.pattern, Topology(tuple(host_of)))
@@ -165,7 +164,7 @@ class _ClassRun:
 
     def measure(self, budget: float) -> list[Sample]:
         p = self.prober.group.size
-        buf = torch.ones(3 * (self.plan.sizes[-1] // 4), dtype=torch.float32)
+        buf = self.prober.buffer(3 * (self.plan.sizes[-1] // 4))
         per_step: list[tuple[int, float]] = []  # (bytes, agreed seconds per step) of each size measured
         for i, size in enumerate(self.plan.sizes):
             if i >= _ALWAYS and self.spent + self._projected(size, per_step) > budget:
@@ -182,7 +181,7 @@ class _ClassRun:
         runs = _reps(self.plan, size) * _repeat(size) + 1
         return runs * tau * sum(self.plan.chains)
 
-    def _measure_size(self, p: int, count: int, buf: torch.Tensor) -> float:
+    def _measure_size(self, p: int, count: int, buf) -> float:
         """Time ``count`` elements per transfer at both chain lengths; add the samples; return the agreed
         seconds per step of the longer chain."""
         plan, repeat = self.plan, _repeat(count * 4)
@@ -200,7 +199,7 @@ class _ClassRun:
         return medians[longest] / plan.chains[longest]
 
 
-def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) -> tuple[float, float, list]:
+def _measure_gamma(prober, plan: CalibrationPlan, segment_bytes: int) -> tuple[float, float, list]:
     """Per-size medians of an in-place float32 addition, averaged over ranks, and the fit. Sizes beyond
     the executor's segment are cut to it (the executor never reduces more at once); destinations cycle
     through ``_GAMMA_SPAN`` bytes of memory."""
@@ -208,7 +207,7 @@ def _measure_gamma(prober: Prober, plan: CalibrationPlan, segment_bytes: int) ->
     if len(sizes) < 2:
         sizes = [sizes[0] // 2 // 4 * 4 or 4, sizes[0]]
     big = max(_GAMMA_SPAN, 2 * sizes[-1]) // 4
-    dst, src = torch.ones(big, dtype=torch.float32), torch.full((sizes[-1] // 4,), 0.5, dtype=torch.float32)
+    dst, src = prober.buffer(big), prober.buffer(sizes[-1] // 4, 0.5)
     medians = []
     for size in sizes:
         n, repeat = size // 4, max(2, min(64, (8 * MiB) // size))
@@ -246,7 +245,7 @@ def _machine_key() -> float:
         return math.nan
 
 
-def _measure_cpus(prober: Prober, host_of: tuple[int, ...]) -> Cpus:
+def _measure_cpus(prober, host_of: tuple[int, ...]) -> Cpus:
     """Who shares the processors that handle messages (agreed on every rank): every rank of a job whose
     hosts run on one kernel (``machine``, its cores), else the ranks of a host when some host has
     several (``host``, the fewest cores any rank sees), else nobody (``rank``)."""
@@ -274,7 +273,7 @@ def per_call_parts(algorithm: str, nbytes: int, topology: Topology, network: Net
     return pred.terms["alpha"], ends, pred.seconds - pred.terms["alpha"]
 
 
-def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
+def _measure_op(prober, plan: CalibrationPlan, network: Network,
                 host_of: tuple[int, ...]) -> tuple[Network, dict]:
     """Step 6 of the protocol: ``network`` with the per-call constant, the α correction and the price
     of a message endpoint from whole all-reduces, and, per call, the agreed measured and predicted
@@ -282,7 +281,7 @@ def _measure_op(prober: Prober, plan: CalibrationPlan, network: Network,
     p = len(host_of)
     if p < 2:
         return network, {}
-    flat, topology = torch.ones(p, dtype=torch.float32), Topology(host_of)
+    flat, topology = prober.buffer(p), Topology(host_of)
     network = dataclasses.replace(network, cpus=_measure_cpus(prober, host_of))
     seen, calls, extra = {}, [], []
     for algorithm in _PER_CALL:
@@ -343,13 +342,13 @@ LARGE_CALLS = (LargeCall("ring", "ring"), LargeCall("halving_doubling", "halving
 _LARGE_REPS = 7
 
 
-def _large_segment(prober: Prober, call: LargeCall, flat: torch.Tensor) -> int:
+def _large_segment(prober, call: LargeCall, flat, nbytes: int) -> int:
     if not call.pieces:
         return prober.segment(call.algorithm, flat)
-    return prober.capped(max(4, flat.numel() * flat.element_size() // call.pieces // 4 * 4))
+    return prober.capped(max(4, nbytes // call.pieces // 4 * 4))
 
 
-def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
+def _measure_kappa(prober, plan: CalibrationPlan, network: Network,
                    host_of: tuple[int, ...]) -> tuple[Network, dict]:
     """Step 7 of the protocol: ``network`` with ``kappa`` fitted to whole unchecked all-reduces of
     ``plan.large_bytes`` per rank, and per call the agreed measured seconds and the prediction
@@ -357,8 +356,8 @@ def _measure_kappa(prober: Prober, plan: CalibrationPlan, network: Network,
     p = len(host_of)
     if p < 2 or plan.large_bytes < 4:
         return network, {}
-    flat, topology = torch.ones(plan.large_bytes // 4, dtype=torch.float32), Topology(host_of)
-    calls = {c.label: (c.algorithm, _large_segment(prober, c, flat)) for c in LARGE_CALLS}
+    flat, topology = prober.buffer(plan.large_bytes // 4), Topology(host_of)
+    calls = {c.label: (c.algorithm, _large_segment(prober, c, flat, plan.large_bytes // 4 * 4)) for c in LARGE_CALLS}
     predict = large_call_predictor(network, topology, plan.large_bytes, calls)
 
     def timed(c: LargeCall) -> float:
@@ -397,9 +396,8 @@ class _StepClock:
         self.last = now
 
 
-def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
-    clock = _StepClock()
-    prober = Prober(rt)
+def _measure(prober, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
+    clock, rt = _StepClock(), prober.rt
     fits: dict[str, LinkFit] = {}
     samples: dict[str, list] = {}
     for cls in LINK_CLASSES:
@@ -432,20 +430,22 @@ def _measure(rt, plan: CalibrationPlan, host_of: tuple[int, ...]) -> Profile:
     return Profile(Fingerprint.of(host_of, rt.transport.name), network, info)
 
 
-def calibrate(rt, plan: CalibrationPlan | str = "full", *, host_of: Sequence[int] | None = None) -> Profile:
-    """Measure this job's network (see the module's protocol) and return its profile, identical on every
-    rank. A collective of ``rt``'s world: every rank calls it with the same arguments, in order with its
-    other collectives. ``host_of`` replaces the job's host layout (tests give several hosts to one
+def calibrate(prober, plan: CalibrationPlan | str = "full", *, host_of: Sequence[int] | None = None) -> Profile:
+    """Measure this job's network (see the module's protocol) with ``prober`` (a
+    :class:`ringlet.engine.probe.Prober` of the job's runtime) and return its profile, identical on every
+    rank. A collective of the runtime's world: every rank calls it with the same arguments, in order with
+    its other collectives. ``host_of`` replaces the job's host layout (tests give several hosts to one
     machine); ``plan``: a :class:`CalibrationPlan` or a name in :data:`PLANS`. A 1-rank job measures γ
     only. ``ValueError`` for an unknown plan name or a ``host_of`` of the wrong length."""
     plan = plan_named(plan) if isinstance(plan, str) else plan
+    rt = prober.rt
     layout = tuple(rt.world.host_of if host_of is None else host_of)
     if len(layout) != rt.size:
         raise ValueError(f"host_of names {len(layout)} ranks; the job has {rt.size}")
 
     def job() -> Profile:
-        mine = _measure(rt, plan, layout)
-        data = broadcast_bytes(rt, json.dumps(mine.to_dict()).encode() if rt.rank == 0 else None)
+        mine = _measure(prober, plan, layout)
+        data = prober.broadcast_bytes(json.dumps(mine.to_dict()).encode() if rt.rank == 0 else None)
         return Profile.from_dict(json.loads(data))
 
     return rt.submit(job, sync=True).wait()

@@ -2,10 +2,11 @@
 signatures of every all-reduce algorithm, answering "which algorithm and segment size is fastest for
 this message" in microseconds.
 
-Re-exported as :class:`ringlet.tuning.select.Model`; :func:`ringlet.tuning.select.install` makes one the
-process's model. Deterministic: predictions are plain IEEE arithmetic summed in a fixed order, and
-ties (within a relative ``1e-9``) go to the earlier algorithm of :data:`PREFERENCE` and the earlier
-segment size of :data:`SEGMENTS`, so ranks given the same constants choose the same.
+Re-exported as :class:`ringlet.tuning.select.Model`; a :class:`ringlet.tuning.select.Selector` holding
+one is what the runtime hands the engine. Deterministic: predictions are plain IEEE arithmetic summed
+in a fixed order, and ties (within a relative ``1e-9``) go to the earlier algorithm of
+:data:`PREFERENCE` and the earlier segment size of :data:`SEGMENTS`, so ranks given the same constants
+choose the same.
 """
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..algorithms import ALLREDUCE
+from ..algorithms import ALLREDUCE, AUTO
 from .cost import AllreduceCost, Prediction
 from .network import Network, Topology
 from .signature import Stack
 
 __all__ = ["Choice", "Ranked", "Model", "SEGMENTS", "PREFERENCE", "segments_up_to"]
 
-AUTO = "auto"
 # Segment sizes tried, in order of preference on a tie: unsegmented, then 16 MiB down to 64 KiB.
 SEGMENTS: tuple[int | None, ...] = (None,) + tuple((16 << 20) >> i for i in range(9))
 

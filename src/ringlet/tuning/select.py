@@ -3,29 +3,29 @@
 Front ends pass what the caller asked for (a name, or ``"auto"``); :func:`requested` applies the
 process-wide override (``RINGLET_ALGORITHM``) and validates names; :func:`allreduce_choice` (and its
 name-only form :func:`allreduce`), :func:`allgather` and :func:`allgather_choice` turn a request into what
-runs. Choices depend
-only on arguments that are identical on every member (group size, host layout, byte count, the
-transport's capabilities, and the cost :class:`Model` when one is installed, which every rank builds
-from the same constants), so every member picks the same algorithm without communicating.
+runs. Choices depend only on arguments that are identical on every member (group size, host layout,
+byte count, the transport's capabilities, and the cost :class:`Model` when there is one, which every
+rank builds from the same constants), so every member picks the same algorithm without communicating.
 
-Without a model ``"auto"`` follows a size rule (:func:`schedule_rule`). With one (:func:`install`:
-the runtime installs the model built from its calibration profile; :mod:`ringlet.tuning.adaptive`
-replaces its constants while training runs) ``"auto"`` takes the algorithm **and segment size** of
-least predicted time (:mod:`ringlet.tuning.cost`); a forced algorithm keeps its name and gets the
-model's segment size. The backend's own all-reduce (``"native"``) keeps its capability rule: it has
-no schedule to predict.
+The engine does not import this module: it is handed a :class:`Selector` (the runtime holds one,
+``Runtime.selector``, and puts it on every :class:`~ringlet.engine.channel.Channel`). Without a model
+``"auto"`` follows a size rule (:func:`schedule_rule`). With one (``ringlet.init`` builds the selector
+from the calibration profile; :mod:`ringlet.tuning.adaptive` replaces the model's constants while
+training runs) ``"auto"`` takes the algorithm **and segment size** of least predicted time
+(:mod:`ringlet.tuning.cost`); a forced algorithm keeps its name and gets the model's segment size. The
+backend's own all-reduce (``"native"``) keeps its capability rule: it has no schedule to predict.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algorithms import ALIASES, ALLREDUCE, NATIVE, allreduce_names
+from ..algorithms import ALIASES, ALLREDUCE, AUTO, NATIVE, allreduce_names
 from ..algorithms import direct as _direct
 from ..algorithms import ring as _ring
-from .model import AUTO, Choice, Model
+from .model import Choice, Model
 
-__all__ = ["AUTO", "Capabilities", "Choice", "Model", "requested", "schedule_rule", "allreduce", "allreduce_choice",
-           "allgather", "allgather_choice", "install", "installed"]
+__all__ = ["AUTO", "Capabilities", "Choice", "Model", "Selector", "requested", "schedule_rule", "allreduce",
+           "allreduce_choice", "allgather", "allgather_choice"]
 
 ALLGATHER_ALGORITHMS = ("ring", "direct")
 ALLGATHER_BUILDERS = {"ring": _ring.allgather, "direct": _direct.allgather}
@@ -33,14 +33,16 @@ ALLGATHER_BUILDERS = {"ring": _ring.allgather, "direct": _direct.allgather}
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What the transport offers beside point-to-point: ``native_small`` — its own all-reduce beats
-    ringlet's schedules on small messages."""
+    """What selection needs of the transport's abilities: ``native_small`` — its own all-reduce beats
+    ringlet's schedules on small messages. Any object with that attribute serves (the transport's own
+    record, ``transport.capabilities``, included)."""
 
     native_small: bool = False
 
     @staticmethod
     def of(transport) -> "Capabilities":
-        return Capabilities(bool(getattr(transport, "native_small", False)))
+        """The selection-relevant part of ``transport.capabilities``."""
+        return Capabilities(bool(transport.capabilities.native_small))
 
 
 # Rounds cost tens of microseconds (MPI, shm) to milliseconds (Gloo): below these sizes fewer rounds
@@ -107,23 +109,26 @@ def allreduce(name: str, p: int, nbytes: int, host_of: tuple[int, ...], caps: Ca
     return allreduce_choice(name, p, nbytes, host_of, caps, model, itemsize).algorithm
 
 
-_installed: Model | None = None
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """The algorithm selector the engine is handed: :func:`allreduce_choice` and :func:`allgather_choice`
+    under one cost ``model`` (None: the size rule). Every rank must hold a selector built from the same
+    constants (``ringlet.init`` builds it from the calibration profile every rank loads)."""
 
+    model: Model | None = None
 
-def install(model: Model | None) -> Model | None:
-    """Make ``model`` the process's cost model for ``"auto"`` (None: back to the size rule); returns
-    the one it replaces. Every rank must install a model built from the same constants (the runtime
-    does so from the calibration profile every rank loads)."""
-    global _installed
-    if model is not None and not isinstance(model, Model):
-        raise TypeError(f"install() takes a select.Model or None, got {type(model).__name__}")
-    previous, _installed = _installed, model
-    return previous
+    def __post_init__(self) -> None:
+        if self.model is not None and not isinstance(self.model, Model):
+            raise TypeError(f"a Selector takes a select.Model or None, got {type(self.model).__name__}")
 
+    def allreduce(self, name: str, p: int, nbytes: int, host_of: tuple[int, ...], caps,
+                  itemsize: int = 4) -> Choice:
+        """:func:`allreduce_choice` under this selector's model; ``caps``: anything with ``native_small``."""
+        return allreduce_choice(name, p, nbytes, host_of, caps, self.model, itemsize)
 
-def installed() -> Model | None:
-    """The installed cost model, or None."""
-    return _installed
+    def allgather(self, name: str | None, counts: tuple[int, ...], itemsize: int, host_of: tuple[int, ...]) -> str:
+        """:func:`allgather_choice` under this selector's model."""
+        return allgather_choice(name, counts, itemsize, host_of, self.model)
 
 
 def allgather(name: str | None) -> str:

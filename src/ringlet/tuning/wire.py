@@ -40,11 +40,10 @@ import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from .fit import fit_kappa
 from .network import INTER, INTRA, LINK_CLASSES, LinkCost, Network, Topology
-from .probe import Pattern, Prober, chain, sharing, shift_pattern
+from .patterns import Pattern, chain, sharing, shift_pattern
 
 MARGIN = 0.1  # relative difference below which the lone transfer and the shift count as the same rate
 _REPS = 7  # timings of each pattern, alternated; the medians are compared
@@ -129,7 +128,7 @@ def split_wire(network: Network, ev: WireEvidence, margin: float = MARGIN) -> tu
     return dataclasses.replace(network, links=links, kappa=max(network.kappa, procs), kappa_inter=kx), seen
 
 
-def measure_wire(prober: Prober, nbytes: int, network: Network, host_of: tuple[int, ...],
+def measure_wire(prober, nbytes: int, network: Network, host_of: tuple[int, ...],
                  overhead: float) -> tuple[Network, dict]:
     """Step 8 of the protocol (module doc) at ``nbytes`` per transfer: ``network`` as
     :func:`split_wire` leaves it, and the agreed timings and decision. Unchanged without two hosts
@@ -139,7 +138,7 @@ def measure_wire(prober: Prober, nbytes: int, network: Network, host_of: tuple[i
     if not lone or nbytes < 4:
         return network, {}
     count = nbytes // 4
-    buf = torch.ones(3 * count, dtype=torch.float32)
+    buf = prober.buffer(3 * count)
     shift = shift_pattern(host_of, INTER)
     scheds = [chain(shift, p, count, 1), chain(lone, p, count, 1)]
     for s in scheds:

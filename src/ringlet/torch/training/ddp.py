@@ -92,7 +92,7 @@ import torch
 
 from ringlet import collectives as _core
 from ringlet import timeline
-from ringlet.tuning import StepTuner, TrialPlan, select
+from ringlet.tuning import StepTuner, TrialPlan
 from ringlet.tuning.adaptive import Switch
 from ringlet.types import ReduceOp
 
@@ -199,7 +199,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     def _trial_plan(self) -> TrialPlan:
         # The coordinator (ringlet.torch initialised) picks algorithms itself. With a cost model, "auto" is
         # tried against the model's best other algorithms for the buckets (TrialPlan.candidates).
-        model = select.installed() if not self._comm.coordinated else None
+        model = _core.runtime().selector.model if not self._comm.coordinated else None
         sizes = tuple(sorted(set(self._launch.messages(self._sets.active).values()))) if model is not None else ()
         return TrialPlan(self.options.algorithm, self._size, self.options.tune and not self._comm.coordinated,
                          self._factors.on_trial, lambda a: _core.resolve_algorithm(a, _core.runtime()),

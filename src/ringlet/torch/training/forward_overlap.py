@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringlet.bench.overlap import Intervals, intersect, measure, union
-from ringlet.timeline import STEP_EVENT, read_events
+from ringlet.timeline import STEP_EVENT, Intervals, intersect, measure, read_events, union
 
 __all__ = ["ForwardOverlap", "forward_overlap", "subtract"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringlet.benchmarking import parse_size
+from ringlet.sizes import parse_size
 
 __all__ = ["Priority"]
 

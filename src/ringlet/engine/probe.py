@@ -1,88 +1,45 @@
-"""The measuring instruments of calibration: the traffic patterns, the chain schedules that carry them,
-and timed runs of those schedules and of reductions on the live runtime.
+"""The measuring instrument of calibration: timed runs of schedules, reductions and whole all-reduces on
+the live runtime, and the agreement of their results between ranks.
 
-Every timing here goes through the engine's own path: a :class:`~ringlet.algorithms.schedule.Schedule`
-run by the executor (:meth:`ringlet.engine.channel.Channel.run`) over the transport's ``isend`` /
-``irecv``. Every member of the group must make the same calls in the
-same order (each takes the next op's tags), like any collective.
+Calibration itself (:mod:`ringlet.tuning.calibrate`) is framework-free: it is handed a :class:`Prober`
+and asks it for buffers, timings and agreed numbers. Every timing here goes through the engine's own
+path: a :class:`~ringlet.algorithms.schedule.Schedule` run by the executor
+(:meth:`ringlet.engine.channel.Channel.run`) over the transport's ``isend`` / ``irecv``. Every member
+of the group must make the same calls in the same order (each takes the next op's tags), like any
+collective.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..algorithms import ALLREDUCE
+from ..algorithms import ALLREDUCE, binomial
 from ..algorithms import barrier as barrier_schedules
-from ..algorithms.schedule import Schedule, ScheduleBuilder
-from ..engine import ops
-from ..engine.agree import agree, exchange
-from ..engine.meta import Kind, Meta
+from ..algorithms.schedule import Schedule
 from ..types import ReduceOp, reduction
-from . import select
-from .network import INTER, INTRA, Topology
-
-Pattern = tuple[tuple[int, int], ...]  # (src, dst) pairs: every pair transfers at the same time
-
-
-def shift_pattern(host_of: Sequence[int], cls: str) -> Pattern:
-    """Who sends to whom when measuring link class ``cls``. ``intra``: every rank sends to the next rank
-    of its own host (cyclically; hosts with one rank stay idle). ``inter``: every rank sends to the rank
-    with the same local index on the next host (cyclically; that index modulo the host's size when the
-    next host is smaller). Empty when the class does not occur (one host; one rank per host)."""
-    hosts: dict[int, list[int]] = {}
-    for r, h in enumerate(host_of):
-        hosts.setdefault(h, []).append(r)
-    groups = list(hosts.values())
-    pairs: list[tuple[int, int]] = []
-    if cls == INTRA:
-        for ranks in groups:
-            if len(ranks) > 1:
-                pairs += [(r, ranks[(i + 1) % len(ranks)]) for i, r in enumerate(ranks)]
-    elif cls == INTER:
-        if len(groups) > 1:
-            for g, ranks in enumerate(groups):
-                nxt = groups[(g + 1) % len(groups)]
-                pairs += [(r, nxt[i % len(nxt)]) for i, r in enumerate(ranks)]
-    else:
-        raise ValueError(f"unknown link class {cls!r}")
-    return tuple(pairs)
-
-
-def sharing(pattern: Pattern, topology: Topology) -> int:
-    """The most transfers of ``pattern`` that cross one link (1 for an empty pattern)."""
-    if not pattern:
-        return 1
-    src, dst = (np.array(x, dtype=np.int64) for x in zip(*pattern))
-    _, out_link, in_link = topology.links(src, dst)
-    return int(np.bincount(np.concatenate([out_link, in_link]), minlength=topology.nlinks).max())
-
-
-@functools.lru_cache(maxsize=128)
-def chain(pattern: Pattern, p: int, count: int, steps: int) -> Schedule:
-    """``steps`` dependent steps of ``pattern`` over a buffer of three ``count``-element chunks: in step
-    ``s`` every sender forwards chunk ``s mod 3`` and its partner receives it into chunk ``(s+1) mod 3``,
-    which it forwards in step ``s+1`` (the data dependency of a ring step; three chunks let every receive
-    land in place, as the executor's all-gather steps do)."""
-    b = ScheduleBuilder("calibration_chain", p)
-    for s in range(steps):
-        b.new_step()
-        for src, dst in pattern:
-            b.add(src, dst, (s % 3) * count, count, dst_offset=((s + 1) % 3) * count)
-    return b.build()
+from . import ops
+from .agree import agree, exchange
+from .meta import Kind, Meta
 
 
 class Prober:
-    """Timed operations on the world group of ``rt``: every call is a collective of the whole world."""
+    """Timed operations on the world group of ``rt`` (a :class:`~ringlet.runtime.Runtime`): every call
+    is a collective of the whole world."""
 
     def __init__(self, rt) -> None:
         self.rt = rt
         self.group = rt.world
         self._flag = torch.zeros(1, dtype=torch.uint8)
+
+    @staticmethod
+    def buffer(count: int, fill: float = 1.0) -> torch.Tensor:
+        """A float32 buffer of ``count`` elements set to ``fill``, for the timings below (slices of it
+        are buffers too)."""
+        return torch.full((count,), fill, dtype=torch.float32)
 
     def barrier(self) -> None:
         self.rt.channel(self.group).run(barrier_schedules.dissemination(self.group.size), (self._flag,))
@@ -114,7 +71,7 @@ class Prober:
         back-to-back calls after a barrier (this rank's clock). ``checked``: each call first agrees on
         its metadata record, as a checked collective does. ``segment``: instead, the algorithm's
         schedule straight through the executor, its messages cut at this many bytes (a forced
-        algorithm at a forced segment, whatever an installed model would choose)."""
+        algorithm at a forced segment, whatever the runtime's cost model would choose)."""
         red = reduction(ReduceOp.SUM)
         ch = self.rt.channel(self.group)
         if segment is not None:
@@ -133,17 +90,16 @@ class Prober:
 
     def segment(self, algorithm: str, flat: torch.Tensor) -> int:
         """The segment size (bytes) the executor runs a forced ``algorithm`` on ``flat`` with, chosen as
-        :func:`ringlet.engine.ops.allreduce_` chooses it (the installed model's choice, else the
-        channel's) and capped by the transport's ``max_segment_bytes``."""
+        :func:`ringlet.engine.ops.allreduce_` chooses it (the channel's selector, else the channel's
+        segment) and capped by the transport's ``max_segment_bytes``."""
         ch = self.rt.channel(self.group)
-        choice = select.allreduce_choice(algorithm, ch.size, flat.numel() * flat.element_size(), ch.group.host_of,
-                                         select.Capabilities.of(ch.transport), select.installed(),
-                                         flat.element_size())
+        choice = ch.selector.allreduce(algorithm, ch.size, flat.numel() * flat.element_size(), ch.group.host_of,
+                                       ch.transport.capabilities, flat.element_size())
         return self.capped(choice.segment_bytes or ch.segment_bytes)
 
     def capped(self, segment: int) -> int:
         """``segment`` capped by the transport's ``max_segment_bytes`` (bytes), as the executor caps it."""
-        cap = getattr(self.rt.channel(self.group).transport, "max_segment_bytes", None)
+        cap = self.rt.transport.capabilities.max_segment_bytes
         return min(segment, cap) if cap else segment
 
     def time_check(self, repeat: int) -> float:
@@ -163,3 +119,21 @@ class Prober:
         raws = exchange(self.rt.channel(self.group), mine.tobytes(), mine.nbytes)
         return np.stack([np.frombuffer(raw, dtype=np.float64) for raw in raws]) if mine.size else \
             np.zeros((self.group.size, 0))
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """Rank 0's ``payload`` on every rank of the world (other ranks pass ``None`` or anything; it is
+        ignored): how calibration and profile loading agree on one result. Two binomial-tree broadcasts
+        through the executor: the length, then the bytes."""
+        rt, p, root = self.rt, self.group.size, 0
+        mine = payload if (rt.rank == root and payload is not None) else b""
+        head = torch.tensor([len(mine)], dtype=torch.int64)
+        if p > 1:
+            rt.channel(self.group).run(binomial.broadcast(p, 1, root), (head,))
+        n = int(head.item())
+        if n == 0:
+            return b""
+        buf = (torch.frombuffer(bytearray(mine), dtype=torch.uint8) if rt.rank == root
+               else torch.empty(n, dtype=torch.uint8))
+        if p > 1:
+            rt.channel(self.group).run(binomial.broadcast(p, n, root), (buf,))
+        return buf.numpy().tobytes()
