@@ -174,7 +174,7 @@ class FusedFactors:
         pairs, out = layer.take_pairs(), reusable_out(layer, p.grad)
 
         def job():
-            res = _factors.gather_factors(layer, grad, pairs, comm, name, ordered=True)
+            res = _factors.gather_factors(layer, grad, pairs, comm, name)
             if res[0] != "factors":
                 return res
             # The ranks that took part (one span each): the group's size now, also after an elastic reset.
@@ -200,7 +200,7 @@ class FusedFactors:
         """This rank's part in the others' factored reduction of ``p`` while it is inside ``hvd.join()``:
         no rows, and zeros if the others fall back to the dense average."""
         layer = self.chosen[id(p)]
-        res = comm.submit(lambda: _factors.gather_factors(layer, None, [], comm, name, ordered=True)).wait()
+        res = comm.submit(lambda: _factors.gather_factors(layer, None, [], comm, name)).wait()
         if res[0] != "factors":
             self._fell_back(p)
 

@@ -29,12 +29,13 @@ from ringlet import compression as _ringlet_compression
 from . import context as _context
 from . import mpi_ops
 from .basics import size as _world_size
-from .comm import Comm
+from .comm import ORDERED_QUEUE, Comm
 from .compressed_grads import CompressedGradients
 from .fused_factors import FusedFactors
 from .fused_factors import parse_mode as parse_factors_mode
 from .ordered_grads import FusedGradients, OrderedGradients
 from .compression import Compression
+from .name_matched import NAME_MATCHED
 from .process_sets import global_process_set
 
 _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() after "
@@ -71,9 +72,9 @@ class _DistributedOptimizer:
         self._group_ready: list[set] = []
         self._groups: list[list] = []
         self._sparse_dim: dict = {}  # param -> sparse_dim of its gradient, reduced as dense (sparse_as_dense)
-        self._comm: Comm | None = None  # dense per-parameter reductions go through the training seam
-        if process_set.included() and _world_size() > 1:
-            self._comm = Comm(process_set)
+        self._comm: Comm | None = None  # dense reductions go through the training seam
+        hooked = process_set.included() and _world_size() > 1
+        if hooked:
             self._register_hooks()
         self._groups = _make_groups(groups, self._requires_update)
         for gi, members in enumerate(self._groups):
@@ -81,12 +82,15 @@ class _DistributedOptimizer:
                 self._group_of[p] = gi
         self._group_ready = [set() for _ in self._groups]
         self._ordered: OrderedGradients | None = None  # None: each gradient matched by name
+        if hooked:
+            # The launch order is fixed (ordered queue) unless Horovod's name matching is needed.
+            named = not _is_ringlet_compressor(compression) and not self._fixed_order()
+            self._comm = Comm(process_set, scheduler=NAME_MATCHED if named else ORDERED_QUEUE)
         if self._comm is not None and _is_ringlet_compressor(compression):
             self._ordered = CompressedGradients(
                 self._comm, _ringlet_compression.get(compression), self._units(), self._parameter_names,
                 op == mpi_ops.Average, gradient_predivide_factor)
-        elif self._comm is not None and not self._groups and op in (mpi_ops.Average, mpi_ops.Sum) \
-                and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named":
+        elif self._comm is not None and self._fixed_order():
             pre, post = self._scale()
             world = process_set.ranks == list(range(_world_size()))
             plain = op == mpi_ops.Average and compression is Compression.none
@@ -95,6 +99,12 @@ class _DistributedOptimizer:
             self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
                                            compression, self._sparse_reduce, prescale=pre, postscale=post,
                                            register=lambda fused: _register_fused(fused, world), factors=factors)
+
+    def _fixed_order(self) -> bool:
+        """Whether the plain reductions are fused and launched in a fixed order (no ``groups``, op Average
+        or Sum, ``RINGLET_HVD_GRADIENTS`` not ``named``); otherwise each is matched by name."""
+        return (not self._groups and self.op in (mpi_ops.Average, mpi_ops.Sum)
+                and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named")
 
     def _units(self) -> list[list]:
         """The compressed reductions' units in launch order: each group, or each parameter outside the

@@ -163,7 +163,7 @@ class FusedGradients(OrderedGradients):
             return
         if not f.decided and self._steps == 1:
             votes = f.vote(stepping, self.comm.live_size)
-            self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False, ordered=True).wait()
+            self.comm.allreduce_(votes, ReduceOp.SUM, "fused.factor_vote", check=False).wait()
             f.decide(votes)
             f.start_trial(self._sum_across_ranks)
         else:
@@ -172,7 +172,7 @@ class FusedGradients(OrderedGradients):
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
-        self.comm.allreduce_(t, ReduceOp.SUM, "fused.factor_trial", check=False, ordered=True).wait()
+        self.comm.allreduce_(t, ReduceOp.SUM, "fused.factor_trial", check=False).wait()
         return t.tolist()
 
     def _start_step(self) -> None:
@@ -255,7 +255,7 @@ class FusedGradients(OrderedGradients):
         check = None if not self._checked[i] else False
         self._checked[i] = True
         return [self.comm.allreduce_(flat, self.op, self.names[i], prescale=self.prescale,
-                                     postscale=self.postscale, check=check, ordered=True) for flat, _ in flats]
+                                     postscale=self.postscale, check=check) for flat, _ in flats]
 
     def _deliver(self, pending) -> None:
         if callable(pending):  # a factored unit's
@@ -304,7 +304,7 @@ def _held(flat: torch.Tensor, wires: list[torch.Tensor], ks: list[int]) -> bool:
 def start_header(comm: Comm, flag: float, serial: int) -> tuple[CommFuture, torch.Tensor]:
     """The two-element header all-reduce (sum) of one step: ``[flag, flag * serial]``."""
     h = torch.tensor([flag, flag * serial], dtype=torch.float64)
-    return comm.allreduce_(h, ReduceOp.SUM, "fused.header", check=False, ordered=True), h
+    return comm.allreduce_(h, ReduceOp.SUM, "fused.header", check=False), h
 
 
 def serve_join(live: dict[int, FusedGradients]) -> None:

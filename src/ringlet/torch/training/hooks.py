@@ -27,6 +27,12 @@ summed in float32, so nothing overflows. Named variants: :func:`fp16_compress_ho
 (``"powersgd:R"`` with ``R = HookState.powersgd_rank``); each uses the state's ``compression`` instead
 when one was given. They run on ringlet's core queue whatever the backend, with any number of buckets
 (on Gloo too). ``HookState.algorithm`` picks ringlet's all-reduce algorithm.
+
+State: torch accepts ``None`` as a hook's state, but a compressor that keeps state between steps (error
+feedback's residuals, PowerSGD's ``Q`` and residual) would start afresh at every call and silently train
+worse. So a compressed hook whose compressor keeps state raises ``ValueError`` when given ``state=None``,
+saying to pass a :class:`HookState` (one per DDP model); :func:`allreduce_hook` and the stateless
+compressors (``fp16``, ``bf16``, ``int8``, ``topk`` without ``+ef``) accept ``None``.
 """
 # No ``from __future__ import annotations``: torch's register_comm_hook checks the hooks' return
 # annotation as an object.
@@ -147,11 +153,26 @@ def _shapes(bucket) -> list[tuple[int, ...]]:
     return [tuple(t.shape) for t in tensors]
 
 
+def keeps_state(comp: "_compression.Compressor") -> bool:
+    """Whether ``comp`` carries state from one step to the next (error-feedback residuals, PowerSGD's
+    schedule of its own: ``Q``, its residual), which a fresh state per call would silently lose."""
+    return isinstance(comp, _compression.ErrorFeedback) or comp.reduces_by == "custom"
+
+
 def _compressed(state: HookState | None, bucket, name: str | None) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in place with the compressed all-reduce of ``state``'s compressor (or ``name``'s).
     The compressor's state is kept per bucket and per layout (a bucket that torch rebuilt with other
-    parameters starts afresh)."""
-    state = state if state is not None else HookState()
+    parameters starts afresh). ``ValueError`` for ``state=None`` with a compressor that keeps state."""
+    if state is None:
+        comp = _compression.get(name) if name is not None else None
+        if comp is None or keeps_state(comp):
+            what = name if name is not None else "compressed_hook"
+            raise ValueError(f"the {what!r} comm hook keeps compressor state between steps (error feedback, "
+                             "warm start) and was given state=None, which would start afresh at every call: "
+                             "pass one ringlet.torch.hooks.HookState() per DDP model, e.g. "
+                             "ddp.register_comm_hook(ringlet.torch.hooks.HookState(), ringlet.torch.hooks."
+                             "powersgd_hook)")
+        state = HookState()
     comp = state.compressor_for(name)
     comm = state.comm()
     st = state.bucket(bucket.index())
