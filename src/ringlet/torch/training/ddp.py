@@ -109,7 +109,8 @@ from .launch_priority import PriorityLaunch
 from .options import DDPOptions
 from .overlap import OptimizerOverlap
 from .readouts import ReadOuts
-from .reduction import DenseReduction, ReductionContext, StepMarks
+from .reducer import BucketReducer
+from .reduction import DenseReduction, ReductionContext
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
                                      self._size > 1)
         algo = lambda: self._bucket_algorithm()  # noqa: E731 - read at each launch
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
+        self._reducer = BucketReducer(self._launch, lambda p: self._names.get(id(p), "?"), "DistributedDataParallel")
         self._plan = BucketPlan(self._params, self.options, self._ctx, self._dense, self._launch.spacing)
         self._sets = BucketSets(self._plan.initial())
         itemsize = self._params[0].element_size() if self._params else 4
@@ -187,7 +189,6 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._lock = threading.Lock()
         self._armed = False          # the current forward's backward must reduce
         self._in_backward = False    # a hook of this backward fired; finalisation is queued
-        self._marks = StepMarks([], [], [])
         self._unused: list[torch.nn.Parameter] = []
         self._usage: torch.Tensor | None = None
         self._usage_work = None
@@ -357,12 +358,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             if not self._armed:
                 return
             self._arrivals.start()
-            n = len(self._params)
-            self._marks = StepMarks([False] * n, [False] * n, [p.grad is None for p in self._sets.active.params])
-            for b in self._buckets:
-                b.reduction.prepare(b)
-                b.pending, b.work = len(b.params), None
-            self._launch.start(self._sets.active, self._marks)
+            active = self._sets.active
+            self._reducer.start(active, [p.grad is None for p in active.params])
             if self.options.find_unused_parameters:
                 reached = params_reached(out)
                 self._unused = [p for p in self._params if id(p) not in reached]
@@ -382,35 +379,19 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
                     self._early_buffers = start_coalesced(list(self.module.buffers()), f"{self._prefix}.buffers",
                                                           self._comm.broadcast_)
                 for q in self._unused:
-                    self._mark_ready(q, None)
+                    self._reducer.ready(q, None)
             self._arrivals.record(self._pindex[id(p)])
-            self._mark_ready(p, p.grad)
+            self._reducer.ready(p, p.grad)
             self._t_last = timeline.now_us()
-
-    def _mark_ready(self, p: torch.nn.Parameter, grad: torch.Tensor | None) -> None:
-        b, j, k = self._sets.active.where[id(p)]
-        marks = self._marks
-        if marks.ready[k]:
-            raise RuntimeError(f"DistributedDataParallel: parameter {self._names.get(id(p), '?')} received a "
-                               "gradient twice in one backward (reentrant backward or a parameter used in two "
-                               "separate backward passes of one forward is not supported).")
-        marks.ready[k] = True
-        marks.got_grad[k] = grad is not None
-        b.reduction.accept(b, j, grad)
-        b.pending -= 1
-        self._launch.accepted(b, j)
 
     def _finalize(self) -> None:
         """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``
         (with :meth:`overlap_optimizer`: leave them in flight, pending until the next forward)."""
         with self._lock:
-            missing = [p for k, p in enumerate(self._sets.active.params) if not self._marks.ready[k]]
-            for p in missing:  # zeros keep the ranks in step even when this rank is about to raise
-                self._mark_ready(p, None)
-            self._launch.end_backward()
+            missing = self._reducer.complete()  # zeros keep the ranks in step even when this rank is about to raise
             if self.options.find_unused_parameters:
                 # How many ranks produced a real gradient per parameter: an all-zero entry keeps .grad as is.
-                self._usage = torch.tensor(self._marks.got_grad, dtype=torch.int32)
+                self._usage = torch.tensor(self._reducer.marks.got_grad, dtype=torch.int32)
                 self._usage_work = self._comm.allreduce_(self._usage, ReduceOp.SUM, f"{self._prefix}.usage")
             t_first, t_last = self._t_first, self._t_last
             self._in_backward = False
@@ -441,7 +422,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         """Wait for every bucket (and the usage map), then raise the first error, if any."""
         error: BaseException | None = None
         try:
-            self._launch.wait()
+            self._reducer.wait()
         except BaseException as exc:  # noqa: BLE001 - keep waiting so nothing is left in flight
             error = exc
         if self._usage_work is not None:
@@ -453,11 +434,10 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         if error is not None:
             raise error
 
-    @torch.no_grad()
     def _copy_back(self) -> None:
         if self.options.find_unused_parameters:
-            self._marks.usage = self._usage.tolist()
-        self._launch.deliver(self._marks)
+            self._reducer.marks.usage = self._usage.tolist()
+        self._reducer.deliver()
 
 
 def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
