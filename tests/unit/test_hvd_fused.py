@@ -16,12 +16,33 @@ from hvd_world import hvd_world
 from ringlet.torch.ordered_grads import FusedGradients
 
 
-def test_flats_one_buffer_per_wire_dtype_and_a_lone_wire_in_place():
-    wires = [torch.ones(3), torch.full((2,), 2.0, dtype=torch.float16), torch.full((1, 1), 3.0)]
-    flats = FusedGradients._flats(wires)
-    assert [(f.dtype, ks) for f, ks in flats] == [(torch.float32, [0, 2]), (torch.float16, [1])]
-    assert flats[0][0].tolist() == [1.0, 1.0, 1.0, 3.0]
-    assert flats[1][0].data_ptr() == wires[1].data_ptr()  # reduced in place
+def test_buckets_hold_the_wire_dtype_and_gradients_come_back_in_theirs():
+    """Horovod's Compression.fp16 is the buckets' wire dtype: float32 and float64 gradients travel as
+    float16 (one bucket per parameter dtype) and come back in their own dtype, in the same tensor."""
+    p = 2
+
+    def fn(rank):
+        m = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).double())
+        with torch.no_grad():
+            for q in m.parameters():
+                q.fill_(0.5)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
+                                       compression=hvd.Compression.fp16)
+        x = torch.full((2, 3), float(rank + 1))
+        m[1](m[0](x).double()).sum().backward()
+        before = [q.grad for q in m.parameters()]
+        opt.synchronize()
+        assert all(q.grad is b for q, b in zip(m.parameters(), before))
+        assert isinstance(opt._ordered, FusedGradients)
+        return ({b.buffer.dtype for b in opt._ordered.active.buckets}, len(opt._ordered.active.buckets),
+                [(q.grad.dtype, q.grad.clone()) for q in m.parameters()])
+
+    res = hvd_world(p, fn)
+    dtypes, n, grads = res[0]
+    assert dtypes == {torch.float16} and n == 2
+    assert [d for d, _ in grads] == [torch.float32] * 2 + [torch.float64] * 2
+    for (_, a), (_, b) in zip(grads, res[1][2]):
+        assert torch.equal(a, b)
 
 
 def _model(seed: int = 3) -> nn.Module:
@@ -64,7 +85,7 @@ def test_reduced_gradients_take_the_fused_buffer_without_a_copy(set_to_none):
             del before
             for q, w in zip(m.parameters(), want):
                 torch.testing.assert_close(q.grad, w, rtol=0, atol=1e-6)
-            ptrs.append(opt._ordered._keep[0][torch.float32].data_ptr())
+            ptrs.append(opt._ordered.active.buckets[0].buffer.data_ptr())
             if step == 2 and set_to_none:
                 kept = [(q.grad, q.grad.clone()) for q in m.parameters()]
             with opt.skip_synchronize():

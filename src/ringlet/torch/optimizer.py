@@ -11,7 +11,7 @@ still meet). Gradients of several backward passes are summed locally first (scal
 
 ``compression``: Horovod's ``Compression.none`` / ``Compression.fp16`` (a cast around the name-matched
 all-reduce), or a ringlet :class:`~ringlet.compression.Compressor` (or its name), whose reductions go
-through the compressed all-reduce in a fixed order instead (:mod:`.compressed_grads`).
+through the compressed all-reduce in a fixed order instead, one bucket per gradient or group (:mod:`.ordered_grads`).
 """
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ from . import context as _context
 from . import mpi_ops
 from .basics import size as _world_size
 from .comm import ORDERED_QUEUE, Comm
-from .compressed_grads import CompressedGradients
 from .fused_factors import FusedFactors
 from .fused_factors import parse_mode as parse_factors_mode
-from .ordered_grads import FusedGradients, OrderedGradients
+from .ordered_grads import FusedGradients
 from .compression import Compression
 from .name_matched import NAME_MATCHED
 from .process_sets import global_process_set
@@ -81,24 +80,30 @@ class _DistributedOptimizer:
             for p in members:
                 self._group_of[p] = gi
         self._group_ready = [set() for _ in self._groups]
-        self._ordered: OrderedGradients | None = None  # None: each gradient matched by name
+        self._ordered: FusedGradients | None = None  # None: each gradient matched by name
         if hooked:
             # The launch order is fixed (ordered queue) unless Horovod's name matching is needed.
             named = not _is_ringlet_compressor(compression) and not self._fixed_order()
             self._comm = Comm(process_set, scheduler=NAME_MATCHED if named else ORDERED_QUEUE)
-        if self._comm is not None and _is_ringlet_compressor(compression):
-            self._ordered = CompressedGradients(
-                self._comm, _ringlet_compression.get(compression), self._units(), self._parameter_names,
-                op == mpi_ops.Average, gradient_predivide_factor)
-        elif self._comm is not None and self._fixed_order():
-            pre, post = self._scale()
-            world = process_set.ranks == list(range(_world_size()))
-            plain = op == mpi_ops.Average and compression is Compression.none
+        if self._comm is not None and not self._comm.coordinated:
+            self._ordered = self._fused(process_set, sufficient_factors)
+
+    def _fused(self, process_set, sufficient_factors) -> FusedGradients:
+        """The shared bucket reducer with Horovod's semantics: fused buckets (factors only with Average and
+        ``Compression.none``), or with a ringlet compressor one bucket per parameter or group."""
+        pre, post = self._scale()
+        world = process_set.ranks == list(range(_world_size()))
+        compressor, units, factors = None, None, None
+        if _is_ringlet_compressor(self._compression):
+            compressor, units = _ringlet_compression.get(self._compression), self._units()
+        else:
+            plain = self.op == mpi_ops.Average and self._compression is Compression.none
             factors = FusedFactors(self._requires_update, self._parameter_names,
                                    sufficient_factors if plain else "off", self._comm.size)
-            self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
-                                           compression, self._sparse_reduce, prescale=pre, postscale=post,
-                                           register=lambda fused: _register_fused(fused, world), factors=factors)
+        return FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(self.op),
+                              self._compression, self._sparse_reduce, prescale=pre, postscale=post,
+                              register=lambda fused: _register_fused(fused, world), factors=factors,
+                              compressor=compressor, units=units)
 
     def _fixed_order(self) -> bool:
         """Whether the plain reductions are fused and launched in a fixed order (no ``groups``, op Average
@@ -439,7 +444,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     :class:`~ringlet.compression.Compressor` or compressor name (``"fp16"``, ``"int8+ef"``,
     ``"powersgd"``...): each gradient or group then goes through the compressed all-reduce (float32
     accumulation, the compressor's state kept per gradient), launched in a fixed order rather than
-    matched by name (:mod:`ringlet.torch.compressed_grads`); ``op`` must be ``Average`` or ``Sum``
+    matched by name (:mod:`ringlet.torch.ordered_grads`); ``op`` must be ``Average`` or ``Sum``
     (``ValueError`` otherwise, and for an unknown name).
 
     ``sufficient_factors`` (a ringlet extension; default ``RINGLET_HVD_FACTORS`` or ``"auto"``): large

@@ -139,9 +139,14 @@ class FactorReduction:
                 self.ctx.fell_back(self.layer)
         if avg is None:
             return  # no rank had a gradient for it: leave .grad as it was, like torch
-        p = b.params[0]
         if used:
             self.layer.out = avg
+        self.give(b, avg, marks)
+
+    def give(self, b: Bucket, avg: torch.Tensor, marks: StepMarks) -> None:
+        """The weight's average into its ``.grad``: lent where ``.grad`` was None at the forward, else
+        copied in (torch's DDP semantics)."""
+        p = b.params[0]
         if marks.fresh[b.start] or p.grad is None:
             p.grad = avg.view_as(p)
         elif p.grad.data_ptr() != avg.data_ptr():
