@@ -26,7 +26,7 @@ from ringlet.types import ReduceOp
 from .comm import Comm, CommFuture, session_key
 from .fused_factors import FusedFactors
 from .training.buckets import BucketSet, layout_buckets
-from .training.launch_fifo import FifoLaunch
+from .training.launch_fifo import EagerLaunch, FifoLaunch
 from .training.reducer import BucketReducer
 from .training.reduction import ReductionContext
 from .training.take_reduction import TakeCompressed, TakeDense, TakeFactors
@@ -41,14 +41,18 @@ class FusedGradients:
 
     ``params``: its parameters in order; ``names``: param -> name. Buckets are filled from the end of
     ``params``, one dtype per bucket, closed at ``first_cap`` bytes for the first and ``cap`` for the
-    others (torch DDP's layout), or, with ``compressor`` (a :class:`ringlet.compression.Compressor`), the
-    given ``units`` (lists of parameters in launch order) are the buckets. ``compression``: Horovod's
+    others (torch DDP's layout), or the given ``units`` (lists of parameters in launch order, each cut
+    by dtype) are the buckets: with ``compressor`` (a :class:`ringlet.compression.Compressor`), or with a
+    ``comm`` whose scheduler matches by name (``groups``, other ops: Horovod's name-matched path, each
+    bucket named after its first parameter, ``.group`` added for a group, launched as soon as it is full
+    and delivered in any order; a sparse gradient in a group is refused). ``compression``: Horovod's
     stateless ``compress``/``decompress`` pair (the buckets' wire dtype). ``op``: ``ReduceOp.AVG`` or
-    ``SUM`` (``ValueError`` otherwise) with ``prescale``/``postscale``. ``sparse_reduce(p, grad)`` starts
+    ``SUM`` (any op on the name-matched path; ``ValueError`` otherwise) with ``prescale``/``postscale``. ``sparse_reduce(p, grad)`` starts
     the name-matched reduction of a sparse gradient and returns a callable giving its result (a ringlet
     compressor refuses sparse gradients: ``ValueError``). ``register`` records the optimizer where
     ``hvd.join()`` finds it and returns its serial number; it is called again in each new ringlet session
-    (an elastic reset).
+    (an elastic reset). ``register=None`` (the name-matched path, whose joins the coordinator serves):
+    no header.
 
     Each step starts with a *header*, a two-element all-reduce ``[1, serial]`` launched with the step's
     first gradient (so it overlaps the rest of backward): a rank inside ``hvd.join()`` takes part with
@@ -66,15 +70,16 @@ class FusedGradients:
                  prescale: float = 1.0, postscale: float = 1.0, cap: int = 25 << 20, first_cap: int = 1 << 20,
                  register: Callable[["FusedGradients"], int] = lambda fused: 0, factors: FusedFactors | None = None,
                  compressor=None, units: list[list[torch.Tensor]] | None = None):
-        if op not in (ReduceOp.AVG, ReduceOp.SUM):
+        if op not in (ReduceOp.AVG, ReduceOp.SUM) and not comm.coordinated:
             raise ValueError(f"fused gradient reductions average or sum, got {op!r}")
         self.params, self._names, self._caps = params, names, (cap, first_cap)
         self.comm, self.compression, self.compressor = comm, compression, compressor
-        self._units = units
-        self.factors = factors if factors is not None and factors.active and compressor is None else None
+        self._units = None if units is None else [u for unit in units for u in _by_dtype(unit)]
+        self.factors = factors if factors is not None and factors.active and units is None else None
         self.ctx = ReductionContext(comm, "fused", False, False, op=op, prescale=prescale, postscale=postscale,
                                     label=self._label, fell_back=self._fell_back)
-        self.reducer = BucketReducer(FifoLaunch(lambda: comm.algorithm), lambda p: names[p], "DistributedOptimizer")
+        launch = (EagerLaunch if comm.coordinated else FifoLaunch)(lambda: comm.algorithm)
+        self.reducer = BucketReducer(launch, lambda p: names[p], "DistributedOptimizer")
         self.sparse_reduce = sparse_reduce
         self._sparse: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
         self._steps = 0  # steps of this session, stepped or served
@@ -82,13 +87,14 @@ class FusedGradients:
         self._use({})
         self._register = register
         self._session = session_key()
-        self.serial = register(self)
+        self.serial = register(self) if register is not None else 0
         self._header: tuple[CommFuture, torch.Tensor] | None = None
+        self._started = False
 
     # ---- bucket sets ------------------------------------------------------------------------------------
     def _label(self, b, kind: str) -> str:
         first = self._names[b.params[0]]
-        if kind == "compressed":
+        if self._units is not None:
             return first + (".group" if len(b.params) > 1 else "")
         return f"{first}.{'factors' if kind == 'factors' else 'fused'}"
 
@@ -139,7 +145,8 @@ class FusedGradients:
                 self.factors.reset()
             self._sets.clear()
             self._use({})
-            self.serial = self._register(self)
+            if self._register is not None:
+                self.serial = self._register(self)
 
     def _after_step(self, stepping: bool) -> None:
         """After a step (stepped or served): at the end of the session's first, the ranks' one vote on
@@ -163,16 +170,18 @@ class FusedGradients:
         return t.tolist()
 
     def _start_step(self) -> None:
-        """The step's header and the reducer's start (after :meth:`_between_steps`)."""
+        """The step's header (where joins are served) and the reducer's start (after :meth:`_between_steps`)."""
         self._between_steps()
-        self._header = start_header(self.comm, 1.0, self.serial)
+        if self._register is not None:
+            self._header = start_header(self.comm, 1.0, self.serial)
         self.reducer.start(self.active, [False] * len(self.active.params))
+        self._started = True
 
     # ---- one step ---------------------------------------------------------------------------------------
     def ready(self, p: torch.Tensor, grad_of: GradOf) -> None:
         """``p``'s gradient of this step is final (``grad_of(p)`` gives it): into its bucket; every bucket,
         in order, that is now complete is launched."""
-        if self._header is None:
+        if not self._started:
             self._start_step()
         self._feed(p, grad_of(p))
 
@@ -181,6 +190,9 @@ class FusedGradients:
             if self.compressor is not None:
                 raise ValueError(f"Parameter {self._names[p]!r} has a sparse gradient, which a ringlet "
                                  "compressor cannot reduce; use sparse_as_dense=True.")
+            if self._units is not None and len(self.active.where[id(p)][0].params) > 1:
+                raise ValueError(f"Parameter {self._names[p]!r} has a sparse gradient and cannot be reduced in a "
+                                 "group; use sparse_as_dense=True or leave it out of groups.")
             self._sparse.append((p, self.sparse_reduce(p, grad)))
             grad = None  # zeros in the bucket keep its layout the same on every rank
         self.reducer.ready(p, grad)
@@ -188,7 +200,7 @@ class FusedGradients:
     def finish(self, grad_of: GradOf) -> None:
         """Launch what is left (``grad_of`` gives zeros for a gradient never produced), wait for every
         bucket and leave the reduced gradients in ``.grad``; raises the first error after waiting for all."""
-        if self._header is None:
+        if not self._started:
             self._start_step()
         header = self._header
         try:
@@ -197,7 +209,8 @@ class FusedGradients:
                 self._feed(p, grad_of(p))
             self._complete(deliver=True)
         finally:
-            header[0].wait()
+            if header is not None:
+                header[0].wait()
             self.reset()
         self._after_step(True)
 
@@ -221,6 +234,7 @@ class FusedGradients:
     def reset(self) -> None:
         """Forget this step (what is kept across steps stays)."""
         self._header = None
+        self._started = False
         self._sparse = []
 
     def serve_step(self) -> None:
@@ -230,6 +244,14 @@ class FusedGradients:
         self.reducer.start(self.active, [False] * len(self.active.params))
         self._complete(deliver=True)  # nothing was made ready with a gradient: only the factors' verdicts
         self._after_step(False)
+
+
+def _by_dtype(unit: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``unit`` cut into one list per dtype (in order of first appearance): a bucket holds one dtype."""
+    out: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in unit:
+        out.setdefault(p.dtype, []).append(p)
+    return list(out.values())
 
 
 def _kind(b, compressor) -> str:
