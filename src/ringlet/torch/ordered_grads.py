@@ -1,7 +1,11 @@
-"""``DistributedOptimizer``'s gradients on the training layer's bucket reducer, launched in one fixed order.
+"""``DistributedOptimizer``'s gradients on the training layer's bucket reducer, by default launched in one
+fixed order.
 
 Horovod matches reductions by name (ranks whose hooks fire in different orders still meet, at the price
-of a negotiation round). By default ``DistributedOptimizer`` instead feeds the one bucket reducer of
+of a negotiation round); ``DistributedOptimizer`` does so where it must (``groups``, ops other than
+Average/Sum, ``RINGLET_HVD_GRADIENTS=named``): the same reducer then gets a communicator with the
+name-matched scheduler, one bucket per parameter or group, each launched as soon as it is full. By
+default ``DistributedOptimizer`` instead feeds the one bucket reducer of
 ringlet's training layer (:class:`~ringlet.torch.training.reducer.BucketReducer`, the DDP's) from its
 per-parameter hooks: buckets in the reverse of the optimizer's parameter order (about the order backward
 produces the gradients), each started by the first-in-first-out launcher as soon as it and every bucket
