@@ -184,3 +184,51 @@ def test_join_after_an_optimizer_of_a_smaller_process_set():
         return last
 
     assert hvd_world(p, fn) in ([0, 0, 0], [1, 1, 1])  # ranks 0 and 1 join at about the same time
+
+
+class _Sparse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 3, sparse=True)
+        self.lin = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.emb.weight.fill_(0.5)
+            self.lin.weight.fill_(0.25)
+            self.lin.bias.zero_()
+
+    def forward(self, idx):
+        return self.lin(self.emb(idx))
+
+
+def _sparse_step(rank: int, groups_of=None, **kw):
+    m = _Sparse()
+    if groups_of is not None:
+        kw["groups"] = groups_of(m)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(), **kw)
+    m(torch.tensor([rank, 3])).sum().backward()
+    opt.synchronize()
+    return m, opt
+
+
+def test_sparse_gradients_beside_the_buckets_and_with_groups_and_other_ops():
+    """A sparse gradient is reduced by name beside the buckets (fused and name-matched paths alike); in a
+    group, or with a ringlet compressor, it is refused with what to do instead."""
+    def fn(rank):
+        m, opt = _sparse_step(rank)
+        fused = (m.emb.weight.grad.to_dense().clone(), m.lin.weight.grad.clone())
+        m, opt = _sparse_step(rank, op=hvd.Max, sparse_as_dense=True)
+        assert opt._ordered.comm.coordinated and m.emb.weight.grad.is_sparse
+        top = m.lin.weight.grad.clone()
+        m, opt = _sparse_step(rank, lambda net: [[net.lin.weight, net.lin.bias]])
+        grouped = m.lin.weight.grad.clone()
+        with pytest.raises(ValueError, match="in a\\s+group"):
+            _sparse_step(rank, lambda net: [[net.emb.weight, net.lin.weight]])
+        with pytest.raises(ValueError, match="sparse_as_dense=True"):
+            _sparse_step(rank, compression="fp16")
+        return fused, top, grouped
+
+    res = hvd_world(2, fn)
+    (emb, lin), top, grouped = res[0]
+    assert torch.equal(emb, res[1][0][0]) and torch.equal(lin, res[1][0][1])
+    assert emb[0].abs().sum() > 0 and emb[1].abs().sum() > 0 and emb[2].abs().sum() == 0
+    assert torch.equal(top, res[1][1]) and torch.equal(grouped, lin)
