@@ -35,13 +35,15 @@ class Bucket:
     """Parameters reduced together by one strategy (``reduction``). ``buffer``: the flat gradients for a
     dense bucket (``slot(j)`` is parameter ``j``'s part, at ``offsets[j]``: one after the other unless
     ``offsets`` and ``numel`` are given, as priority scheduling does to leave room between its pieces),
-    empty for a factored one; ``start``: the flat index of the first parameter in its :class:`BucketSet`."""
+    empty for a factored one (``buffer``: one the caller owns, such as torch DDP's bucket for a comm hook,
+    instead of the reduction's ``new_buffer``); ``start``: the flat index of the first parameter in its
+    :class:`BucketSet`."""
 
     __slots__ = ("index", "params", "offsets", "start", "reduction", "buffer", "pending", "work", "t_launch",
                  "validated", "algo", "lent")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter], reduction: Reduction, start: int,
-                 offsets: list[int] | None = None, numel: int | None = None):
+                 offsets: list[int] | None = None, numel: int | None = None, *, buffer: torch.Tensor | None = None):
         self.index = index
         self.params = params
         self.start = start
@@ -53,7 +55,7 @@ class Bucket:
         if offsets is not None:
             self.offsets, n = list(offsets), numel
         self.reduction = reduction
-        self.buffer = reduction.new_buffer(params, n)
+        self.buffer = reduction.new_buffer(params, n) if buffer is None else buffer
         self.pending = len(params)
         self.work: CommFuture | None = None
         self.t_launch = 0.0
