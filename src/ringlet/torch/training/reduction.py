@@ -1,9 +1,13 @@
-"""How one bucket of :class:`~ringlet.torch.training.ddp.DistributedDataParallel` is reduced: the
-:class:`Reduction` interface, chosen per bucket, and :class:`DenseReduction`, the all-reduce (op AVG) of
-the bucket's flat buffer. The other strategy, averaging a weight from gathered sufficient factors, is
-:class:`~ringlet.torch.training.factor_reduction.FactorReduction`.
+"""How one bucket of the bucket reducer (:mod:`~ringlet.torch.training.reducer`: ringlet's
+DistributedDataParallel, ``DistributedOptimizer``, and per torch bucket the comm hooks) is reduced: the
+:class:`Reduction` interface, chosen per bucket, and :class:`DenseReduction`, the all-reduce of the
+bucket's flat buffer (the context's op, AVG for the DDP, and scales). The other strategies: a
+compressor's all-reduce (:class:`~ringlet.torch.training.compressed_reduction.CompressedReduction`) and
+a weight averaged from gathered sufficient factors
+(:class:`~ringlet.torch.training.factor_reduction.FactorReduction`); Horovod's delivery of each
+(:mod:`~ringlet.torch.training.take_reduction`).
 
-Per reduced backward the DDP calls, for each bucket: :meth:`Reduction.prepare` at the forward,
+Per reduced backward the reducer calls, for each bucket: :meth:`Reduction.prepare` at the forward,
 :meth:`Reduction.accept` once per parameter as its gradient is ready (``None``: it gets none),
 :meth:`Reduction.launch` when every parameter was accepted (by the DDP's launcher: first in, first
 out, or priority-scheduled pieces), :meth:`Reduction.finish` with what the launched work returned, and
