@@ -232,3 +232,22 @@ def test_sparse_gradients_beside_the_buckets_and_with_groups_and_other_ops():
     assert torch.equal(emb, res[1][0][0]) and torch.equal(lin, res[1][0][1])
     assert emb[0].abs().sum() > 0 and emb[1].abs().sum() > 0 and emb[2].abs().sum() == 0
     assert torch.equal(top, res[1][1]) and torch.equal(grouped, lin)
+
+
+def test_a_lone_gradient_is_reduced_in_place():
+    """A bucket of one parameter (here a weight over the first bucket's 1 MiB cap) all-reduces the gradient
+    autograd made, in place: nothing is copied into a bucket buffer."""
+    def fn(rank):
+        m = nn.Linear(600, 500, bias=False)
+        with torch.no_grad():
+            m.weight.fill_(0.01)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        m(torch.full((2, 600), float(rank + 1))).sum().backward()
+        ptr = m.weight.grad.data_ptr()
+        opt.synchronize()
+        lone = [b for b in opt._ordered.active.buckets if b.params == [m.weight]]
+        return ptr == m.weight.grad.data_ptr() == lone[0].buffer.data_ptr(), m.weight.grad[0, 0].item()
+
+    res = hvd_world(2, fn)
+    assert all(ok for ok, _ in res)
+    assert res[0][1] == res[1][1] == pytest.approx(3.0)  # (2 * 1 + 2 * 2) / 2 rows summed, averaged

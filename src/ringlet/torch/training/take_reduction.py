@@ -10,7 +10,8 @@ accumulated into by autograd and not copied at all.
 
 * :class:`TakeDense`: the bucket's all-reduce with the context's op and scales, its gradients travelling
   through Horovod's stateless ``compress``/``decompress`` pair (``Compression.none``, ``Compression.fp16``
-  or a custom one keeping each tensor's size): the buffer holds the wire tensors, in the wire dtype;
+  or a custom one keeping each tensor's size): the buffer holds the wire tensors, in the wire dtype (a
+  bucket of one parameter reduces its contiguous wire tensor in place instead);
 * :class:`TakeCompressed`: a ringlet compressor's all-reduce (one state per bucket);
 * :class:`TakeFactors`: a weight averaged from sufficient factors.
 
@@ -88,8 +89,12 @@ class TakeDense(_Take, DenseReduction):
             slot.zero_()
             return
         w, self.wire_ctx[j] = self.wire.compress(grad)
-        if not is_view_of(w, slot):  # a lent gradient that backward accumulated into is in place already
-            slot.copy_(w.reshape(-1))
+        if is_view_of(w, slot):
+            return  # a lent gradient that backward accumulated into is in place already
+        if len(b.params) == 1 and w.is_contiguous() and w.dtype == slot.dtype and w.device == slot.device:
+            b.buffer, b.lent = w.view(-1), True  # a lone gradient is reduced in place: nothing copied
+            return
+        slot.copy_(w.reshape(-1))
 
     def result_of(self, b: Bucket, j: int) -> torch.Tensor:
         return self.wire.decompress(b.slot(j), self.wire_ctx[j])
