@@ -170,9 +170,9 @@ class Comm:
         (residuals, PowerSGD's ``Q``); ``shapes``: the tensors ``t`` concatenates (PowerSGD);
         ``strategy``: another than the compressor's own (:mod:`ringlet.engine.compressed`).
 
-        On both paths this is a job on ringlet's core queue, like :meth:`submit`: every rank must submit its
-        compressed all-reduces in the same order (with ``ringlet.torch`` initialised they are not matched
-        by name; they run beside the coordinator). ``name`` is part of the checked record, so ranks that
+        Whatever the scheduler, this is a job on ringlet's core queue, like :meth:`submit`: every rank must
+        submit its compressed all-reduces in the same order (they are never matched by name; they run
+        beside the coordinator). ``name`` is part of the checked record, so ranks that
         submit in different orders get a MismatchError naming the tensor, not wrong sums; ``check`` and
         ``algorithm`` as in :func:`ringlet.allreduce`."""
         spec = _core.Compressed(_compression.get(compressor), state,
