@@ -391,3 +391,80 @@ def test_priority_after_hvd_init_is_accepted_and_sends_pieces():
 
     res = hvd_world(2, fn)
     assert all(ok for ok, _ in res) and torch.equal(res[0][1], res[1][1])
+
+
+def test_find_unused_parameters_with_priority_and_no_overlap():
+    def fn(rank):
+        def run(partition):
+            net = make_model()
+            extra = torch.nn.Linear(4, 4)  # never used: its gradient stays None on every rank
+            with torch.no_grad():
+                extra.weight.fill_(0.5)
+                extra.bias.fill_(0.25)
+            net.add_module("unused", extra)
+            ddp = DistributedDataParallel(net, bucket_cap_mb=0.002, tune=False, find_unused_parameters=True,
+                                          priority=None if partition is None else Priority(partition))
+            opt = make_optimizer("sgd", net.parameters())
+            for s in range(3):
+                opt.zero_grad()
+                x, y = data(rank, s)
+                F.mse_loss(ddp(x), y).backward()
+                opt.step()
+            return flat(net), extra.weight.grad is None
+        return run(None), run(SMALL)
+
+    for (fifo, none_a), (prio, none_b) in run_world(2, fn):
+        assert torch.equal(fifo, prio) and none_a and none_b
+
+
+# ---- the round's own errors (a stand-in for the communication) --------------------------------------------------
+class LoopbackComm:
+    """One rank's Comm: all-reduces leave the tensor as it is, ``forced`` (if set) overwrites the first
+    agreement's vector; jobs run at once on the calling thread."""
+
+    def __init__(self, forced=None):
+        self.forced = forced
+
+    def allreduce_(self, t, op, name, **kw):
+        if self.forced is not None and name.endswith("agree"):
+            t.copy_(self.forced)
+            self.forced = None
+        fut = torch.futures.Future()
+        fut.set_result(t)
+        return fut
+
+    def submit(self, fn, timed=False):
+        fn()
+
+
+def one_bucket_round(comm, timeout=5.0):
+    from ringlet.torch.training.piece_round import Round
+
+    bucket_set = dense_set([10, 30], 40)  # 160 bytes in pieces of at most 40: 4 pieces
+    layout = piece_layout(bucket_set, 40)
+    return Round(layout, comm, "auto", timeout, 40), layout
+
+
+def test_a_round_sends_its_pieces_front_first_when_all_are_ready():
+    rnd, layout = one_bucket_round(LoopbackComm())
+    rnd.mark_ready([(i, None) for i in range(4)])  # as if backward had filled everything at once
+    assert rnd.order == [3, 2, 1, 0] and all(f.done() for f in rnd.futures)
+
+
+def test_an_agreement_with_nothing_ready_is_an_error():
+    rnd, _ = one_bucket_round(LoopbackComm())
+    rnd._comm.submit(rnd._slot)  # a slot without a ready piece anywhere: the ranks disagree on something
+    with pytest.raises(RuntimeError, match="no piece is ready"):
+        rnd.wait(0)
+
+
+def test_a_piece_chosen_elsewhere_that_never_arrives_times_out():
+    from ringlet.types import CollectiveTimeout
+
+    forced = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=torch.float32)  # piece 3 ready on every other rank
+    rnd, _ = one_bucket_round(LoopbackComm(forced), timeout=0.05)
+    rnd.mark_ready([(0, None)])
+    with pytest.raises(CollectiveTimeout, match="piece 3"):
+        rnd.wait(3)
+    with pytest.raises(CollectiveTimeout):
+        rnd.wait(0)  # the round stopped: every waiter hears of it
