@@ -218,7 +218,7 @@ def case_coordinated(rank, world):
         hvd.init()
         net = model()
         ddp = DistributedDataParallel(net)
-        check(ddp._comm.coordinated, "DDP did not notice ringlet.torch")
+        check(not ddp._comm.coordinated, "DDP left the ordered queue under ringlet.torch")
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         scaler = GradScaler(init_scale=2.0**8)
         for step in range(5):

@@ -94,7 +94,7 @@ def _plain(passes: int):
         for s in range(4):
             _step(model, opt, s, list(range(hvd.size())), passes)
             _expect(f"factored weights after step {s}", _factored(opt), ["0.weight"])
-        _expect("reductions from factors", opt._ordered.factors.factored, 3)
+        _expect("reductions from factors", opt._ordered.ctx.factored, 3)
     return fn
 
 
@@ -141,7 +141,7 @@ def factors_guard_falls_back():
     _step(model, opt, 1, n)
     _expect("factored before the weight is used outside its layer", _factored(opt), ["0.weight"])
     _step(model, opt, 2, n, outside=True)  # the guard fails on every rank: dense average
-    _expect("fallbacks", opt._ordered.factors.fallbacks, 1)
+    _expect("fallbacks", opt._ordered.ctx.fallbacks, 1)
     _expect("factored after a fallback", _factored(opt), [])
     _step(model, opt, 3, n, outside=True)
     _step(model, opt, 4, n)

@@ -16,7 +16,7 @@ rank's bucket, so each checks its block against the exact average):
 * ``unequal_hosts``: ``host_of=(0, 0, 0, 1)`` raises ``ValueError`` on every rank (and nothing hangs);
 * ``coordinated``: with ``ringlet.torch`` initialised ``CompressedReducer`` still gives the exact
   average (its jobs run on the core queue beside the coordinator) and ``HierarchicalReducer`` raises
-  ``TypeError``.
+  ``TypeError`` for a Comm scheduled by the name-matched coordinator.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from zero_reduce_cases import DTYPES, average, block_of, bucket, counts_of  # no
 
 import ringlet  # noqa: E402
 from ringlet.torch.comm import Comm  # noqa: E402
+from ringlet.torch.name_matched import NAME_MATCHED  # noqa: E402
 from ringlet.torch.training.zero.reduce_compressed import CompressedReducer  # noqa: E402
 from ringlet.torch.training.zero.reduce_hierarchical import HierarchicalReducer  # noqa: E402
 
@@ -140,10 +141,10 @@ def case_coordinated(rank, world):
         block, out, avg = reduce_and_gather(red, rank, world, 101, counts, torch.float32, state={})
         check(torch.equal(out, avg.float()), "CompressedReducer under the coordinator")
         try:
-            HierarchicalReducer(host_of=HOSTS)
+            HierarchicalReducer(Comm(scheduler=NAME_MATCHED), host_of=HOSTS)
             check(False, "HierarchicalReducer under the coordinator did not raise")
         except TypeError as err:
-            check("ringlet.torch" in str(err), str(err))
+            check("name-matched" in str(err), str(err))
     return run
 
 

@@ -9,12 +9,13 @@ from conftest import run_world
 from hvd_world import hvd_world
 
 import ringlet
-from ringlet.torch.comm import Comm, CommFuture
+from ringlet.torch.comm import ORDERED_QUEUE, Comm, CommFuture
+from ringlet.torch.name_matched import NAME_MATCHED
 from ringlet.types import MismatchError, ReduceOp
 
 
-def _ops(rank: int, p: int) -> dict:
-    comm = Comm()
+def _ops(rank: int, p: int, scheduler=ORDERED_QUEUE) -> dict:
+    comm = Comm(scheduler=scheduler)
     x = torch.full((4,), float(rank + 1))
     doubled = comm.allreduce_(x, ReduceOp.SUM, "c.sum").then(lambda f: f.value() * 2)
     gathered = comm.allgather(torch.full((rank + 1, 2), float(rank)), "c.gather")
@@ -44,7 +45,17 @@ def test_ops_on_the_core_queue(p):
 
 @pytest.mark.parametrize("p", [2, 3])
 def test_ops_through_the_coordinator(p):
-    _expect(hvd_world(p, lambda rank: _ops(rank, p)), p)
+    _expect(hvd_world(p, lambda rank: _ops(rank, p, NAME_MATCHED)), p)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_the_ordered_queue_is_the_default_also_after_hvd_init(p):
+    """hvd.init() in the process changes nothing: a Comm schedules as its caller chose."""
+    def fn(rank):
+        assert not Comm().coordinated and Comm(scheduler=NAME_MATCHED).coordinated
+        return _ops(rank, p)
+
+    _expect(hvd_world(p, fn), p)
 
 
 @pytest.mark.parametrize("p", [2, 3])

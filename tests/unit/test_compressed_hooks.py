@@ -118,3 +118,29 @@ def test_named_hooks_keep_ranks_in_step(hook, name):
     for step in range(3):
         assert all(torch.equal(r[step], res[0][step]) for r in res)
         assert torch.isfinite(res[0][step]).all()
+
+
+@pytest.mark.parametrize("hook,name", NAMED + [(hooks.compressed_hook, "compressed_hook")],
+                         ids=[n for _, n in NAMED] + ["compressed_hook"])
+def test_a_stateful_compressed_hook_given_no_state_raises_and_says_what_to_pass(hook, name):
+    """torch accepts state=None; a compressor keeping state between steps would silently start afresh at
+    every call (no error feedback, no warm start), so the hook refuses and names HookState."""
+    def fn(rank):
+        with pytest.raises(ValueError, match=r"state=None.*HookState\(\)"):
+            hook(None, bucket_of(rank, 1, 0, shapes=((16, 8), (8,))))
+        return True
+
+    assert run_world(1, fn) == [True]
+
+
+@pytest.mark.parametrize("hook,comp", [(hooks.fp16_compress_hook, FP16), (hooks.bf16_compress_hook, BF16)])
+def test_stateless_compressed_hooks_and_the_plain_hook_accept_no_state(hook, comp):
+    p = 2
+
+    def fn(rank):
+        return hook(None, bucket_of(rank, p)).wait(), hooks.allreduce_hook(None, bucket_of(rank, p)).wait()
+
+    res = run_world(p, fn)
+    want = ref_scatter([bucket_of(r, p).buffer() for r in range(p)], comp, True)
+    assert all(torch.equal(half, want) for half, _ in res)
+    assert torch.equal(res[0][1], res[1][1])

@@ -380,15 +380,17 @@ def test_a_parameter_read_outside_its_module_is_an_error():
     assert run_world(2, fn) == [True, True]
 
 
-def test_priority_under_the_coordinator_is_refused():
+def test_priority_after_hvd_init_is_accepted_and_sends_pieces():
+    """The DDP's scheduler is its own choice (the ordered queue), so hvd.init() in the process changes
+    nothing: priority= works as without it (tests/unit/test_ddp_after_hvd_init.py compares the results)."""
     from hvd_world import hvd_world
 
     def fn(rank):
-        with pytest.raises(ValueError, match="priority= needs ringlet's core queue"):
-            DistributedDataParallel(make_model(), priority=Priority())
-        return True
+        over, _, ddp = train(rank, 2, partition=SMALL, overlap=True)
+        return not ddp._comm.coordinated and len(ddp._launch.layout.pieces) > 1, over
 
-    assert hvd_world(2, fn) == [True, True]
+    res = hvd_world(2, fn)
+    assert all(ok for ok, _ in res) and torch.equal(res[0][1], res[1][1])
 
 
 def test_find_unused_parameters_with_priority_and_no_overlap():

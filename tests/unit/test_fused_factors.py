@@ -182,7 +182,7 @@ def test_factored_weight_reuses_its_average_unless_the_caller_keeps_it(set_to_no
                 opt.step()
         if set_to_none:  # else the caller's reference is .grad itself, zeroed by zero_grad as in torch
             assert torch.equal(*kept)
-        assert opt._ordered.factors.factored == 5
+        assert opt._ordered.ctx.factored == 5
         return ptrs
 
     for ptrs in hvd_world(p, fn):

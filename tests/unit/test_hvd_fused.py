@@ -16,12 +16,33 @@ from hvd_world import hvd_world
 from ringlet.torch.ordered_grads import FusedGradients
 
 
-def test_flats_one_buffer_per_wire_dtype_and_a_lone_wire_in_place():
-    wires = [torch.ones(3), torch.full((2,), 2.0, dtype=torch.float16), torch.full((1, 1), 3.0)]
-    flats = FusedGradients._flats(wires)
-    assert [(f.dtype, ks) for f, ks in flats] == [(torch.float32, [0, 2]), (torch.float16, [1])]
-    assert flats[0][0].tolist() == [1.0, 1.0, 1.0, 3.0]
-    assert flats[1][0].data_ptr() == wires[1].data_ptr()  # reduced in place
+def test_buckets_hold_the_wire_dtype_and_gradients_come_back_in_theirs():
+    """Horovod's Compression.fp16 is the buckets' wire dtype: float32 and float64 gradients travel as
+    float16 (one bucket per parameter dtype) and come back in their own dtype, in the same tensor."""
+    p = 2
+
+    def fn(rank):
+        m = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2).double())
+        with torch.no_grad():
+            for q in m.parameters():
+                q.fill_(0.5)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
+                                       compression=hvd.Compression.fp16)
+        x = torch.full((2, 3), float(rank + 1))
+        m[1](m[0](x).double()).sum().backward()
+        before = [q.grad for q in m.parameters()]
+        opt.synchronize()
+        assert all(q.grad is b for q, b in zip(m.parameters(), before))
+        assert isinstance(opt._ordered, FusedGradients)
+        return ({b.buffer.dtype for b in opt._ordered.active.buckets}, len(opt._ordered.active.buckets),
+                [(q.grad.dtype, q.grad.clone()) for q in m.parameters()])
+
+    res = hvd_world(p, fn)
+    dtypes, n, grads = res[0]
+    assert dtypes == {torch.float16} and n == 2
+    assert [d for d, _ in grads] == [torch.float32] * 2 + [torch.float64] * 2
+    for (_, a), (_, b) in zip(grads, res[1][2]):
+        assert torch.equal(a, b)
 
 
 def _model(seed: int = 3) -> nn.Module:
@@ -64,7 +85,7 @@ def test_reduced_gradients_take_the_fused_buffer_without_a_copy(set_to_none):
             del before
             for q, w in zip(m.parameters(), want):
                 torch.testing.assert_close(q.grad, w, rtol=0, atol=1e-6)
-            ptrs.append(opt._ordered._keep[0][torch.float32].data_ptr())
+            ptrs.append(opt._ordered.active.buckets[0].buffer.data_ptr())
             if step == 2 and set_to_none:
                 kept = [(q.grad, q.grad.clone()) for q in m.parameters()]
             with opt.skip_synchronize():
@@ -135,7 +156,7 @@ def test_named_path_on_request(monkeypatch):
     def fn(rank):
         m = _model()
         opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
-        assert opt._ordered is None
+        assert opt._ordered.comm.coordinated  # every reduction matched by name
         _step(m, opt, rank, 0, [0, 1], 2)
         return True
 
@@ -163,3 +184,70 @@ def test_join_after_an_optimizer_of_a_smaller_process_set():
         return last
 
     assert hvd_world(p, fn) in ([0, 0, 0], [1, 1, 1])  # ranks 0 and 1 join at about the same time
+
+
+class _Sparse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 3, sparse=True)
+        self.lin = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.emb.weight.fill_(0.5)
+            self.lin.weight.fill_(0.25)
+            self.lin.bias.zero_()
+
+    def forward(self, idx):
+        return self.lin(self.emb(idx))
+
+
+def _sparse_step(rank: int, groups_of=None, **kw):
+    m = _Sparse()
+    if groups_of is not None:
+        kw["groups"] = groups_of(m)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(), **kw)
+    m(torch.tensor([rank, 3])).sum().backward()
+    opt.synchronize()
+    return m, opt
+
+
+def test_sparse_gradients_beside_the_buckets_and_with_groups_and_other_ops():
+    """A sparse gradient is reduced by name beside the buckets (fused and name-matched paths alike); in a
+    group, or with a ringlet compressor, it is refused with what to do instead."""
+    def fn(rank):
+        m, opt = _sparse_step(rank)
+        fused = (m.emb.weight.grad.to_dense().clone(), m.lin.weight.grad.clone())
+        m, opt = _sparse_step(rank, op=hvd.Max, sparse_as_dense=True)
+        assert opt._ordered.comm.coordinated and m.emb.weight.grad.is_sparse
+        top = m.lin.weight.grad.clone()
+        m, opt = _sparse_step(rank, lambda net: [[net.lin.weight, net.lin.bias]])
+        grouped = m.lin.weight.grad.clone()
+        with pytest.raises(ValueError, match="in a\\s+group"):
+            _sparse_step(rank, lambda net: [[net.emb.weight, net.lin.weight]])
+        with pytest.raises(ValueError, match="sparse_as_dense=True"):
+            _sparse_step(rank, compression="fp16")
+        return fused, top, grouped
+
+    res = hvd_world(2, fn)
+    (emb, lin), top, grouped = res[0]
+    assert torch.equal(emb, res[1][0][0]) and torch.equal(lin, res[1][0][1])
+    assert emb[0].abs().sum() > 0 and emb[1].abs().sum() > 0 and emb[2].abs().sum() == 0
+    assert torch.equal(top, res[1][1]) and torch.equal(grouped, lin)
+
+
+def test_a_lone_gradient_is_reduced_in_place():
+    """A bucket of one parameter (here a weight over the first bucket's 1 MiB cap) all-reduces the gradient
+    autograd made, in place: nothing is copied into a bucket buffer."""
+    def fn(rank):
+        m = nn.Linear(600, 500, bias=False)
+        with torch.no_grad():
+            m.weight.fill_(0.01)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters())
+        m(torch.full((2, 600), float(rank + 1))).sum().backward()
+        ptr = m.weight.grad.data_ptr()
+        opt.synchronize()
+        lone = [b for b in opt._ordered.active.buckets if b.params == [m.weight]]
+        return ptr == m.weight.grad.data_ptr() == lone[0].buffer.data_ptr(), m.weight.grad[0, 0].item()
+
+    res = hvd_world(2, fn)
+    assert all(ok for ok, _ in res)
+    assert res[0][1] == res[1][1] == pytest.approx(3.0)  # (2 * 1 + 2 * 2) / 2 rows summed, averaged

@@ -3,12 +3,15 @@
 :class:`~ringlet.torch.training.DistributedDataParallel`, ``DistributedOptimizer``, the comm hooks for
 stock torch DDP and the sufficient-factors path reach the network only through a :class:`Comm`. Its
 operations return :class:`CommFuture` — a ``torch.futures.Future`` whose value is the op's result and
-which chains with ``then()`` — and run in one of two ways:
+which chains with ``then()``. Where the single collectives run is the caller's explicit choice, a
+*scheduler* handed to :class:`Comm` (never global state such as whether ``hvd.init()`` has run):
 
-* ringlet's core queue (``ringlet.*_async``): ops run in submission order, which must be identical on
-  every rank (DDP submits in bucket order, hooks are called in bucket order);
-* the Horovod coordinator, when ``ringlet.torch`` is initialised: ops are matched by ``name`` on every
-  rank, so the order of submission does not matter and the coordinator records their timeline phases.
+* :data:`ORDERED_QUEUE` (the default), ringlet's core queue (``ringlet.*_async``): ops run in submission
+  order, which must be identical on every rank (DDP submits in bucket order, hooks are called in bucket
+  order);
+* :class:`ringlet.torch.name_matched.NameMatched`, the Horovod coordinator (``ringlet.torch``
+  initialised): ops are matched by ``name`` on every rank, so the order of submission does not matter
+  and the coordinator records their timeline phases. The Horovod facade chooses it where it needs it.
 
 Jobs of several collectives with computation between them (:meth:`Comm.submit`) and compressed
 all-reduces (:meth:`Comm.allreduce_compressed_`) always run on the core queue, in submission order,
@@ -32,7 +35,7 @@ from ringlet.engine.meta import Meta as _Meta
 from ringlet.group import Group
 from ringlet.types import ReduceOp, reduction
 
-__all__ = ["Comm", "CommFuture", "ensure_initialized", "session_key"]
+__all__ = ["Comm", "CommFuture", "OrderedQueue", "ORDERED_QUEUE", "ensure_initialized", "session_key"]
 
 
 class CommFuture(torch.futures.Future):
@@ -65,36 +68,65 @@ def _from_work(work) -> CommFuture:
     return fut
 
 
-def _from_handle(handle: int) -> CommFuture:
-    """The future of a coordinator handle, from the current ``ringlet.torch`` context (the one that made
-    the handle: an elastic reset may have replaced the context a Comm was built under)."""
-    fut = CommFuture()
-    _torch_context().handles.on_done(handle, lambda value, error: _settle(fut, value, error))
-    return fut
+class OrderedQueue:
+    """The scheduler of ringlet's core queue (``ringlet.*_async``): ops run in submission order, which
+    must be the same on every rank (DDP submits in bucket order, torch calls hooks in bucket order).
+    ``name`` goes into the checked record, so ranks that submit in different orders get a
+    ``MismatchError`` naming the tensor. Stateless: :data:`ORDERED_QUEUE` is the one instance."""
+
+    name_matched = False
+
+    def resolve(self, group_or_set) -> tuple[Group | None, Any]:
+        """``(group, process_set)`` of a :class:`ringlet.Group`, a ``ringlet.torch`` ProcessSet or None
+        (the world: group None, which follows the world through an elastic reset)."""
+        return _resolve_group(group_or_set), None
+
+    def allreduce_(self, comm: "Comm", t, op, name, prescale, postscale, check, algorithm) -> CommFuture:
+        return _from_work(ringlet.allreduce_async_(t, op=op, algorithm=algorithm, group=comm.group,
+                                                   prescale_factor=prescale, postscale_factor=postscale,
+                                                   check=check))
+
+    def allgather(self, comm: "Comm", t, name, sizes, check, algorithm) -> CommFuture:
+        return _from_work(ringlet.allgather_async(t, group=comm.group, algorithm=algorithm, sizes=sizes, check=check))
+
+    def reduce_scatter(self, comm: "Comm", t, op, name, prescale, postscale) -> CommFuture:
+        return _from_work(ringlet.reduce_scatter_async(t, op=op, group=comm.group, prescale_factor=prescale,
+                                                       postscale_factor=postscale))
+
+    def broadcast_(self, comm: "Comm", t, name) -> CommFuture:
+        return _from_work(ringlet.broadcast_async_(t, comm.root, group=comm.group))
+
+
+ORDERED_QUEUE = OrderedQueue()
 
 
 class Comm:
-    """Collectives of one group for the training front ends (see the module doc for the two paths).
+    """Collectives of one group for the training front ends.
 
-    ``group_or_set``: a :class:`ringlet.Group`, a ``ringlet.torch`` ProcessSet or None (the world);
-    with ``ringlet.torch`` initialised it must name a process set (or the world). ``algorithm``: the
-    all-reduce algorithm on the core path. ``ValueError`` when ringlet is not initialised.
+    ``group_or_set``: a :class:`ringlet.Group`, a ``ringlet.torch`` ProcessSet or None (the world).
+    ``algorithm``: the all-reduce algorithm of the core queue. ``scheduler``: how the single collectives
+    (:meth:`allreduce_`, :meth:`allgather`, :meth:`reduce_scatter`, :meth:`broadcast_`) are ordered
+    across ranks — :data:`ORDERED_QUEUE` (default: ringlet's core queue, submission order) or the
+    Horovod coordinator's name matching (:class:`ringlet.torch.name_matched.NameMatched`, chosen by the
+    Horovod facade; it needs ``ringlet.torch`` initialised and a ProcessSet or None as the group).
+    Nothing here depends on whether ``hvd.init()`` has run: the caller's choice alone decides. Jobs
+    (:meth:`submit`), compressed all-reduces and the flat-buffer ops always run on the core queue.
+    ``ValueError`` when ringlet is not initialised.
     """
 
-    def __init__(self, group_or_set=None, algorithm: str = "auto"):
+    def __init__(self, group_or_set=None, algorithm: str = "auto", scheduler=ORDERED_QUEUE):
         self.algorithm = algorithm
-        ctx = _torch_context()
-        self.coordinated = ctx is not None
+        self.scheduler = scheduler
         rt = _core.runtime()
-        if self.coordinated:
-            self.process_set = _process_set(ctx, group_or_set)
-            self.group = self.process_set._group() if self.process_set.ranks != list(range(rt.size)) else None
-            self.ranks = tuple(self.process_set.ranks)
-        else:
-            self.group = _resolve_group(group_or_set)
-            self.ranks = self.group.ranks if self.group is not None else tuple(range(rt.size))
+        self.group, self.process_set = scheduler.resolve(group_or_set)
+        self.ranks = self.group.ranks if self.group is not None else tuple(range(rt.size))
         self.root = self.ranks[0]
         self.size = len(self.ranks)
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether the single collectives are matched by name (the Horovod coordinator's scheduler)."""
+        return self.scheduler.name_matched
 
     @property
     def live_size(self) -> int:
@@ -102,58 +134,31 @@ class Comm:
         size at construction)."""
         if self.group is not None:
             return self.group.size
-        return _core.runtime().world.size if not self.coordinated else len(self.process_set.ranks)
+        return _core.runtime().world.size
 
-    # ---- single collectives ------------------------------------------------------------------------
+    # ---- single collectives (ordered by the scheduler) ---------------------------------------------
     def allreduce_(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0, timed: bool = False,
-                   check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0, *,
-                   ordered: bool = False) -> CommFuture:
+                   check: bool | None = None, algorithm: str | None = None, postscale: float = 1.0) -> CommFuture:
         """In-place all-reduce of ``t``; the future's value is ``t``. ``check`` and ``algorithm``
-        (default: the one given at construction) apply to the core path (see :func:`ringlet.allreduce`).
-        ``ordered``: on the core queue in submission order even with the coordinator running (like
-        :meth:`submit`: every rank submits its ordered ops in the same order; ``name`` is then not matched).
-        ``timed`` is accepted for callers that ask; the core path always records :meth:`CommFuture.span`."""
-        if self.coordinated and not ordered:
-            from . import mpi_ops
-
-            return _from_handle(mpi_ops.allreduce_async_(
-                t, name=name, op=int(op), prescale_factor=prescale, postscale_factor=postscale,
-                process_set=self.process_set))
-        work = ringlet.allreduce_async_(t, op=op, algorithm=algorithm or self.algorithm, group=self.group,
-                                        prescale_factor=prescale, postscale_factor=postscale, check=check)
-        return _from_work(work)
+        (default: the one given at construction) apply to the core queue (see :func:`ringlet.allreduce`).
+        ``timed`` is accepted for callers that ask; the core queue always records :meth:`CommFuture.span`."""
+        return self.scheduler.allreduce_(self, t, op, name, prescale, postscale, check, algorithm or self.algorithm)
 
     def allgather(self, t: torch.Tensor, name: str, *, sizes=None, check: bool | None = None,
-                  algorithm: str = "ring", ordered: bool = False) -> CommFuture:
+                  algorithm: str = "ring") -> CommFuture:
         """Every member's ``t`` concatenated along dim 0 (ragged dim 0; ``sizes``, ``check`` and
-        ``algorithm`` as in :func:`ringlet.allgather`, core path only). ``ordered``: as in :meth:`allreduce_`."""
-        if self.coordinated and not ordered:
-            from . import mpi_ops
-
-            return _from_handle(mpi_ops.allgather_async(t, name=name, process_set=self.process_set))
-        return _from_work(ringlet.allgather_async(t, group=self.group, algorithm=algorithm, sizes=sizes, check=check))
+        ``algorithm`` as in :func:`ringlet.allgather`, core queue only)."""
+        return self.scheduler.allgather(self, t, name, sizes, check, algorithm)
 
     def reduce_scatter(self, t: torch.Tensor, op: ReduceOp, name: str, prescale: float = 1.0,
                        postscale: float = 1.0) -> CommFuture:
         """Reduce ``t`` over the group; the value is this rank's rows of dim 0 (the first
         ``dim0 % size`` ranks get one extra row)."""
-        if self.coordinated:
-            from . import mpi_ops
-
-            return _from_handle(mpi_ops.reducescatter_async(
-                t, name=name, op=int(op), process_set=self.process_set, prescale_factor=prescale,
-                postscale_factor=postscale))
-        return _from_work(ringlet.reduce_scatter_async(t, op=op, group=self.group, prescale_factor=prescale,
-                                                       postscale_factor=postscale))
+        return self.scheduler.reduce_scatter(self, t, op, name, prescale, postscale)
 
     def broadcast_(self, t: torch.Tensor, name: str) -> CommFuture:
         """In-place broadcast of ``t`` from the group's first rank."""
-        if self.coordinated:
-            from . import mpi_ops
-
-            return _from_handle(mpi_ops.broadcast_async_(t, self.root, name=name,
-                                                                    process_set=self.process_set))
-        return _from_work(ringlet.broadcast_async_(t, self.root, group=self.group))
+        return self.scheduler.broadcast_(self, t, name)
 
     def allreduce_compressed_(self, t: torch.Tensor, compressor, state: dict | None, name: str,
                               average: bool = True, shapes: Sequence[Sequence[int]] | None = None, *,
@@ -165,9 +170,9 @@ class Comm:
         (residuals, PowerSGD's ``Q``); ``shapes``: the tensors ``t`` concatenates (PowerSGD);
         ``strategy``: another than the compressor's own (:mod:`ringlet.engine.compressed`).
 
-        On both paths this is a job on ringlet's core queue, like :meth:`submit`: every rank must submit its
-        compressed all-reduces in the same order (with ``ringlet.torch`` initialised they are not matched
-        by name; they run beside the coordinator). ``name`` is part of the checked record, so ranks that
+        Whatever the scheduler, this is a job on ringlet's core queue, like :meth:`submit`: every rank must
+        submit its compressed all-reduces in the same order (they are never matched by name; they run
+        beside the coordinator). ``name`` is part of the checked record, so ranks that
         submit in different orders get a MismatchError naming the tensor, not wrong sums; ``check`` and
         ``algorithm`` as in :func:`ringlet.allreduce`."""
         spec = _core.Compressed(_compression.get(compressor), state,
@@ -301,32 +306,17 @@ def ensure_initialized() -> None:
 def session_key() -> tuple[int, int]:
     """Identifies the current ringlet runtime and ``ringlet.torch`` context: it changes when either is
     initialised or shut down, so a cached :class:`Comm` knows to be rebuilt."""
-    return id(_core.runtime()), id(_torch_context())
+    from .context import current
 
-
-def _torch_context():
-    from .context import current as _ctx_or_none
-
-    return _ctx_or_none()
-
-
-def _process_set(ctx, group_or_set):
-    from .process_sets import ProcessSet, global_process_set
-
-    if group_or_set is None:
-        return global_process_set
-    if isinstance(group_or_set, ProcessSet):
-        return group_or_set
-    if isinstance(group_or_set, Group) and group_or_set.ranks == tuple(range(ctx.rt.size)):
-        return global_process_set
-    raise TypeError("With ringlet.torch initialised, pass a ringlet.torch ProcessSet (or None for "
-                    f"the world) as the group, not {type(group_or_set).__name__}.")
+    return id(_core.runtime()), id(current())
 
 
 def _resolve_group(g) -> Group | None:
     if g is None or isinstance(g, Group):
         return g
     if hasattr(g, "_group") and callable(g._group):  # a ringlet.torch ProcessSet
+        if getattr(g, "process_set_id", None) == 0:
+            return None  # the global set: the world, which follows an elastic reset
         return g._group()
     raise TypeError(f"process_group must be a ringlet Group or ProcessSet, got {type(g).__name__}; torch "
                     "ProcessGroups belong to torch's own DistributedDataParallel (see ringlet.torch.hooks).")

@@ -9,8 +9,9 @@ float32/float64 weight) whose weight the optimizer holds, and how many rows it s
 modules is left out. At the end of the first step every rank votes, per parameter, whether its gathered
 factors would be fewer numbers than its gradient (``p·rows·(in+out) < in·out``), in one all-reduce; a
 weight is factored from the second step on only if every stepping rank voted for it (a rank inside
-``hvd.join()`` votes with zeros and counts as not stepping). Each factored weight is then a unit of its
-own in the launch order.
+``hvd.join()`` votes with zeros and counts as not stepping). Each factored weight is then a bucket of its
+own in the launch order, reduced by the training layer's factor strategy
+(:class:`~ringlet.torch.training.take_reduction.TakeFactors`).
 
 Every step each rank checks that its own factors reproduce the gradient autograd accumulated; if any
 rank's do not (the weight used outside its layer, a ``.grad`` that held values before the step), every
@@ -34,8 +35,6 @@ from ringlet.tuning.online import Decision
 from ringlet.tuning.step_tuner import FACTORS, StepTuner
 
 from .training import factors as _factors
-from .training.buckets import take_into
-from .training.factor_reduction import reusable_out
 
 __all__ = ["FusedFactors", "parse_mode", "MODES"]
 
@@ -68,7 +67,6 @@ class FusedFactors:
         self._module_of: dict[int, int] = {}  # id(weight) -> id(its module), _TIED if seen in two
         self.chosen: dict[int, _factors.FactoredLinear] = {}
         self.decided = False
-        self.factored = self.fallbacks = 0  # reductions from factors; steps that fell back to dense
         self._hook = _global_forward_hook(self) if self.active else None
 
     # ---- finding the layers (first step) ---------------------------------------------------------
@@ -166,48 +164,13 @@ class FusedFactors:
             layer.enabled = wid in use
         return use
 
-    # ---- one factored unit ------------------------------------------------------------------------
-    def launch(self, p: torch.Tensor, comm, name: str) -> Callable[[], None]:
-        """Start ``p``'s reduction from this step's factors (the communication thread gathers them, the
-        factor worker multiplies); returns the callable that waits and leaves the average in ``p.grad``."""
-        layer, grad = self.chosen[id(p)], p.grad
-        pairs, out = layer.take_pairs(), reusable_out(layer, p.grad)
-
-        def job():
-            res = _factors.gather_factors(layer, grad, pairs, comm, name, ordered=True)
-            if res[0] != "factors":
-                return res
-            # The ranks that took part (one span each): the group's size now, also after an elastic reset.
-            return "average", _factors.average_from_factors_async(res, layer.out_features, len(res[2]), out)
-
-        fut = comm.submit(job)
-        return lambda: self._deliver(p, layer, fut.wait())
-
-    def _deliver(self, p: torch.Tensor, layer: _factors.FactoredLinear, result) -> None:
-        if result[0] == "average":
-            avg = result[1].result()
-            self.factored += 1
-            if avg is None:  # no rank had a gradient: zeros, as the dense path gives
-                avg = torch.zeros_like(p)
-            else:
-                layer.out = avg
-        else:
-            avg = result[1]
-            self._fell_back(p)
-        _set_grad(p, avg.view_as(p))
-
-    def serve(self, p: torch.Tensor, comm, name: str) -> None:
-        """This rank's part in the others' factored reduction of ``p`` while it is inside ``hvd.join()``:
-        no rows, and zeros if the others fall back to the dense average."""
-        layer = self.chosen[id(p)]
-        res = comm.submit(lambda: _factors.gather_factors(layer, None, [], comm, name, ordered=True)).wait()
-        if res[0] != "factors":
-            self._fell_back(p)
-
-    def _fell_back(self, p: torch.Tensor) -> None:
-        """Some rank's factors did not match its gradient: reduce ``p`` densely from the next step on."""
-        self.fallbacks += 1
-        self._drop(p)
+    # ---- a weight whose factors did not serve -----------------------------------------------------------
+    def fell_back(self, layer: _factors.FactoredLinear) -> None:
+        """Some rank's factors did not match its gradient (the step took the dense average, on every
+        rank): reduce ``layer``'s weight densely from the next step on."""
+        p = next((q for q in self.params if self.chosen.get(id(q)) is layer), None)
+        if p is not None:
+            self._drop(p)
 
     def _drop(self, p: torch.Tensor) -> None:
         layer = self.chosen.pop(id(p), None)
@@ -232,10 +195,3 @@ def _global_forward_hook(factors: FusedFactors):
 
     handle = torch.nn.modules.module.register_module_forward_hook(hook)
     return handle
-
-
-def _set_grad(p: torch.Tensor, value: torch.Tensor) -> None:
-    if p.grad is None:
-        p.grad = value
-    else:
-        take_into(p.grad, value)

@@ -11,7 +11,7 @@ still meet). Gradients of several backward passes are summed locally first (scal
 
 ``compression``: Horovod's ``Compression.none`` / ``Compression.fp16`` (a cast around the name-matched
 all-reduce), or a ringlet :class:`~ringlet.compression.Compressor` (or its name), whose reductions go
-through the compressed all-reduce in a fixed order instead (:mod:`.compressed_grads`).
+through the compressed all-reduce in a fixed order instead, one bucket per gradient or group (:mod:`.ordered_grads`).
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ from ringlet import compression as _ringlet_compression
 from . import context as _context
 from . import mpi_ops
 from .basics import size as _world_size
-from .comm import Comm
-from .compressed_grads import CompressedGradients
+from .comm import ORDERED_QUEUE, Comm
 from .fused_factors import FusedFactors
 from .fused_factors import parse_mode as parse_factors_mode
-from .ordered_grads import FusedGradients, OrderedGradients
+from .ordered_grads import FusedGradients
 from .compression import Compression
+from .name_matched import NAME_MATCHED
 from .process_sets import global_process_set
 
 _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() after "
@@ -59,7 +59,7 @@ class _DistributedOptimizer:
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._parameter_names = _names(self.param_groups, named_parameters)
-        self._handles: dict = {}          # param -> (handle or None, ctx); None: waiting for its group
+        self._pending: set = set()        # parameters whose gradient of this step is accumulating or reducing
         self._allreduce_delay: dict = {}  # param -> backward passes still to come before reducing
         self._grad_hooks = []
         self._requires_update: list = []
@@ -68,37 +68,54 @@ class _DistributedOptimizer:
         self._warned_step_after_sync = False
         self._hook_span: list[float] | None = None  # [first, last] hook time of this step (timeline on)
         self._group_of: dict = {}
-        self._group_ready: list[set] = []
         self._groups: list[list] = []
         self._sparse_dim: dict = {}  # param -> sparse_dim of its gradient, reduced as dense (sparse_as_dense)
-        self._comm: Comm | None = None  # dense per-parameter reductions go through the training seam
-        if process_set.included() and _world_size() > 1:
-            self._comm = Comm(process_set)
+        self._comm: Comm | None = None  # dense reductions go through the training seam
+        hooked = process_set.included() and _world_size() > 1
+        if hooked:
             self._register_hooks()
         self._groups = _make_groups(groups, self._requires_update)
         for gi, members in enumerate(self._groups):
             for p in members:
                 self._group_of[p] = gi
-        self._group_ready = [set() for _ in self._groups]
-        self._ordered: OrderedGradients | None = None  # None: each gradient matched by name
-        if self._comm is not None and _is_ringlet_compressor(compression):
-            self._ordered = CompressedGradients(
-                self._comm, _ringlet_compression.get(compression), self._units(), self._parameter_names,
-                op == mpi_ops.Average, gradient_predivide_factor)
-        elif self._comm is not None and not self._groups and op in (mpi_ops.Average, mpi_ops.Sum) \
-                and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named":
-            pre, post = self._scale()
-            world = process_set.ranks == list(range(_world_size()))
-            plain = op == mpi_ops.Average and compression is Compression.none
+        self._ordered: FusedGradients | None = None  # the shared bucket reducer's front; None: no hooks
+        if hooked:
+            # The launch order is fixed (ordered queue) unless Horovod's name matching is needed.
+            named = not _is_ringlet_compressor(compression) and not self._fixed_order()
+            self._comm = Comm(process_set, scheduler=NAME_MATCHED if named else ORDERED_QUEUE)
+            self._ordered = self._fused(process_set, sufficient_factors)
+
+    def _fused(self, process_set, sufficient_factors) -> FusedGradients:
+        """The shared bucket reducer with Horovod's semantics: fused buckets in a fixed order (factors only
+        with Average and ``Compression.none``); with a ringlet compressor one bucket per parameter or
+        group, in a fixed order; on the name-matched path the same units, matched by name."""
+        pre, post = self._scale()
+        world = process_set.ranks == list(range(_world_size()))
+        compressor, units, factors = None, None, None
+        register = None if self._comm.coordinated else (lambda fused: _register_fused(fused, world))
+        if _is_ringlet_compressor(self._compression):
+            compressor, units = _ringlet_compression.get(self._compression), self._units()
+        elif self._comm.coordinated:
+            units = self._units()
+        else:
+            plain = self.op == mpi_ops.Average and self._compression is Compression.none
             factors = FusedFactors(self._requires_update, self._parameter_names,
                                    sufficient_factors if plain else "off", self._comm.size)
-            self._ordered = FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(op),
-                                           compression, self._sparse_reduce, prescale=pre, postscale=post,
-                                           register=lambda fused: _register_fused(fused, world), factors=factors)
+        return FusedGradients(self._comm, self._requires_update, self._parameter_names, ReduceOp(self.op),
+                              self._compression, self._sparse_reduce, prescale=pre, postscale=post,
+                              register=register, factors=factors,
+                              compressor=compressor, units=units)
+
+    def _fixed_order(self) -> bool:
+        """Whether the plain reductions are fused and launched in a fixed order (no ``groups``, op Average
+        or Sum, ``RINGLET_HVD_GRADIENTS`` not ``named``); otherwise each is matched by name."""
+        return (not self._groups and self.op in (mpi_ops.Average, mpi_ops.Sum)
+                and os.environ.get("RINGLET_HVD_GRADIENTS", "fused") != "named")
 
     def _units(self) -> list[list]:
-        """The compressed reductions' units in launch order: each group, or each parameter outside the
-        groups, in reverse parameter order (about the order backward produces them)."""
+        """The units of the compressed and the name-matched reductions, in launch order: each group, or
+        each parameter outside the groups, in reverse parameter order (about the order backward produces
+        them)."""
         units, seen = [], set()
         for p in reversed(self._requires_update):
             gi = self._group_of.get(p)
@@ -126,26 +143,12 @@ class _DistributedOptimizer:
                 self._hook_span = [now, now]
             else:
                 self._hook_span[1] = now
-        entry = self._handles.get(p)
-        if entry is not None and self._allreduce_delay[p] <= 0:
+        if p in self._pending and self._allreduce_delay[p] <= 0:
             raise AssertionError(_TOO_MANY_PASSES)
         self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] > 0:
-            self._handles[p] = (None, None)  # accumulating: counts as pending for zero_grad()
-            return
-        if self._ordered is not None:
-            self._handles[p] = (None, None)
+        self._pending.add(p)  # accumulating or reducing: counts as pending for zero_grad()
+        if self._allreduce_delay[p] <= 0:
             self._ordered.ready(p, self._dense_grad)
-            return
-        gi = self._group_of.get(p)
-        if gi is None:
-            self._handles[p] = self._reduce_async(p)
-            return
-        self._handles[p] = (None, None)
-        ready = self._group_ready[gi]
-        ready.add(p)
-        if len(ready) == len(self._groups[gi]):
-            self._launch_group(gi)
 
     # ---- reductions ------------------------------------------------------------------------------
     def _scale(self) -> tuple[float, float]:
@@ -183,33 +186,6 @@ class _DistributedOptimizer:
         return mpi_ops.sparse_allreduce_async(grad, name=self._parameter_names[p], op=self.op,
                                               process_set=self.process_set)
 
-    def _reduce_async(self, p):
-        grad = self._dense_grad(p)
-        name = self._parameter_names[p]
-        if grad.is_sparse:
-            return self._sparse_reduce(p, grad), "sparse"
-        wire, ctx = self._compression.compress(grad)
-        pre, post = self._scale()
-        return self._comm.allreduce_(wire, ReduceOp(self.op), name, prescale=pre, postscale=post), ctx
-
-    def _launch_group(self, gi: int) -> None:
-        members = self._groups[gi]
-        grads = []
-        for p in members:
-            g = self._dense_grad(p)
-            if g.is_sparse:
-                raise ValueError(f"Parameter {self._parameter_names[p]!r} has a sparse gradient and cannot be "
-                                 "reduced in a group; use sparse_as_dense=True or leave it out of groups.")
-            grads.append(g)
-        wires, ctxs = zip(*(self._compression.compress(g) for g in grads))
-        pre, post = self._scale()
-        handle = mpi_ops.grouped_allreduce_async_(list(wires), name=f"{self._parameter_names[members[0]]}.group",
-                                                  op=self.op, prescale_factor=pre, postscale_factor=post,
-                                                  process_set=self.process_set)
-        for i, p in enumerate(members):
-            self._handles[p] = ((handle, gi, i), ctxs[i])
-        self._group_ready[gi].clear()
-
     def synchronize(self) -> None:
         """Wait for every gradient reduction of this step, starting those that have not started
         (parameters whose hook never fired take part with zero gradients), and write the results into
@@ -217,39 +193,8 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
-        if self._ordered is not None:
-            try:
-                self._ordered.finish(self._dense_grad)
-                self._resparsify()
-            finally:
-                self._end_step()
-            self._synchronized = True
-            return
-        for p in self._requires_update:
-            entry = self._handles.get(p)
-            if entry is None or entry[0] is None:
-                gi = self._group_of.get(p)
-                if gi is None:
-                    self._handles[p] = self._reduce_async(p)
-                else:
-                    self._launch_group(gi)
-        group_results: dict = {}
         try:
-            for p in self._requires_update:
-                handle, ctx = self._handles[p]
-                if ctx == "sparse":
-                    p.grad = handle()
-                    continue
-                if isinstance(handle, tuple):
-                    h, gi, i = handle
-                    if gi not in group_results:
-                        group_results[gi] = mpi_ops.synchronize(h)
-                    out = group_results[gi][i]
-                else:
-                    out = handle.wait()
-                result = self._compression.decompress(out, ctx)
-                if result is not p.grad:
-                    p.grad.copy_(result)
+            self._ordered.finish(self._dense_grad)
             self._resparsify()
         finally:
             self._end_step()
@@ -257,13 +202,10 @@ class _DistributedOptimizer:
 
     def _end_step(self) -> None:
         self._sparse_dim.clear()
-        self._handles.clear()
+        self._pending.clear()
         for p in self._requires_update:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        for ready in self._group_ready:
-            ready.clear()
-        if self._ordered is not None:
-            self._ordered.reset()
+        self._ordered.reset()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -293,7 +235,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, *args, **kwargs):
         """The wrapped optimizer's ``zero_grad``; ``AssertionError`` while reductions are pending."""
-        if self._handles:
+        if self._pending:
             raise AssertionError(_ZERO_GRAD_PENDING)
         return super().zero_grad(*args, **kwargs)
 
@@ -429,7 +371,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     :class:`~ringlet.compression.Compressor` or compressor name (``"fp16"``, ``"int8+ef"``,
     ``"powersgd"``...): each gradient or group then goes through the compressed all-reduce (float32
     accumulation, the compressor's state kept per gradient), launched in a fixed order rather than
-    matched by name (:mod:`ringlet.torch.compressed_grads`); ``op`` must be ``Average`` or ``Sum``
+    matched by name (:mod:`ringlet.torch.ordered_grads`); ``op`` must be ``Average`` or ``Sum``
     (``ValueError`` otherwise, and for an unknown name).
 
     ``sufficient_factors`` (a ringlet extension; default ``RINGLET_HVD_FACTORS`` or ``"auto"``): large

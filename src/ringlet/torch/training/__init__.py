@@ -1,5 +1,7 @@
-"""ringlet's own training layer: :class:`DistributedDataParallel` (buckets, one reduction strategy per
-bucket, overlap with backward; :class:`Priority`: front layers' gradients first, overlapping the next
+"""ringlet's own training layer: the one bucket reducer (:mod:`.reducer`: one reduction strategy per
+bucket — dense, compressed, sufficient factors — shared by :class:`DistributedDataParallel`, the Horovod
+facade's ``DistributedOptimizer`` and the comm hooks), :class:`DistributedDataParallel` (overlap with
+backward; :class:`Priority`: front layers' gradients first, overlapping the next
 forward), sufficient factors of fully connected layers, the comm hooks for
 stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
 overflow decision agreed by the group, :class:`MasterWeights`), ZeRO (:class:`ZeroOptimizer`: optimizer

@@ -4,8 +4,7 @@ model follows the measured all-reduces while training runs (:mod:`ringlet.tuning
 ``DistributedDataParallel(module, adapt=Adapt(every=10, policy=Policy(...)))``; the default is
 ``Adapt()``, ``adapt=None`` turns it off. It applies when a cost model is installed
 (the runtime's ``selector.model``: ``ringlet.init`` found a calibration profile), the DDP's
-algorithm is ``"auto"`` (not forced by argument or ``RINGLET_ALGORITHM``), its collectives run on
-ringlet's core queue (no ``ringlet.torch`` coordinator), its dense buckets are not compressed, and the
+algorithm is ``"auto"`` (not forced by argument or ``RINGLET_ALGORITHM``), its dense buckets are not compressed, and the
 group has more than one rank; otherwise it does nothing (:attr:`DistributedDataParallel.adaptive` is None).
 
 Per reduced step, on every rank:
@@ -108,7 +107,7 @@ def adjuster_for(strategy: Adapt | None, comm, algorithm: str, compression, item
                  sum_across_ranks: Callable[[list[float]], list[float]]) -> Adjuster | None:
     """The DDP's :class:`Adjuster`, or None where dynamic adjustment does not apply (see the module doc)."""
     model = _core.runtime().selector.model
-    if (strategy is None or model is None or comm.coordinated or comm.size < 2 or compression is not None
+    if (strategy is None or model is None or comm.size < 2 or compression is not None
             or _core.resolve_algorithm(algorithm, _core.runtime()) != select.AUTO):
         return None
     caps = select.Capabilities.of(_core.runtime().transport)

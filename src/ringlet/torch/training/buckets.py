@@ -35,13 +35,15 @@ class Bucket:
     """Parameters reduced together by one strategy (``reduction``). ``buffer``: the flat gradients for a
     dense bucket (``slot(j)`` is parameter ``j``'s part, at ``offsets[j]``: one after the other unless
     ``offsets`` and ``numel`` are given, as priority scheduling does to leave room between its pieces),
-    empty for a factored one; ``start``: the flat index of the first parameter in its :class:`BucketSet`."""
+    empty for a factored one (``buffer``: one the caller owns, such as torch DDP's bucket for a comm hook,
+    instead of the reduction's ``new_buffer``); ``start``: the flat index of the first parameter in its
+    :class:`BucketSet`."""
 
     __slots__ = ("index", "params", "offsets", "start", "reduction", "buffer", "pending", "work", "t_launch",
                  "validated", "algo", "lent")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter], reduction: Reduction, start: int,
-                 offsets: list[int] | None = None, numel: int | None = None):
+                 offsets: list[int] | None = None, numel: int | None = None, *, buffer: torch.Tensor | None = None):
         self.index = index
         self.params = params
         self.start = start
@@ -53,7 +55,7 @@ class Bucket:
         if offsets is not None:
             self.offsets, n = list(offsets), numel
         self.reduction = reduction
-        self.buffer = reduction.new_buffer(params, n)
+        self.buffer = reduction.new_buffer(params, n) if buffer is None else buffer
         self.pending = len(params)
         self.work: CommFuture | None = None
         self.t_launch = 0.0
@@ -72,7 +74,8 @@ class Bucket:
         those views (then its old values stay with whoever holds them); True when it did."""
         if not self.lent:
             return False
-        attached = sum(1 for j, p in enumerate(self.params) if p.grad is not None and is_view_of(p.grad, self.slot(j)))
+        attached = sum(1 for j, p in enumerate(self.params)
+                       if p.grad is not None and not p.grad.is_sparse and is_view_of(p.grad, self.slot(j)))
         refs = tensors_sharing(self.buffer)
         if refs is None or refs > 1 + attached:
             self.buffer = torch.empty_like(self.buffer)  # every slot is written before the launch
@@ -219,17 +222,18 @@ def is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
             and grad.dtype == slot.dtype and grad.device == slot.device)
 
 
-def take_into(grad: torch.Tensor, result: torch.Tensor) -> None:
+def take_into(grad: torch.Tensor, result: torch.Tensor) -> bool:
     """``grad`` becomes ``result``: as Horovod does, by pointing ``grad`` (the same tensor object, so
     references to ``.grad`` see the average) at ``result``'s memory; a copy only where dtype, shape or
-    device differ."""
+    device differ. True when ``grad`` now shares ``result``'s memory."""
     if result.data_ptr() == grad.data_ptr() and result.shape == grad.shape and result.stride() == grad.stride():
-        return  # reduced in place
+        return True  # reduced in place
     if result.dtype == grad.dtype and result.shape == grad.shape and result.device == grad.device:
         with torch.no_grad():
             grad.set_(result)
-    else:
-        grad.copy_(result)
+        return True
+    grad.copy_(result)
+    return False
 
 
 def tensors_sharing(t: torch.Tensor) -> int | None:

@@ -41,20 +41,20 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   on, those steps are timed against the dense reduction (five to twenty steps each, as above) and kept
   only if faster by more than 3% (:attr:`DistributedDataParallel.factored` tells); ``True`` factors
   the same layers untimed (never one whose factors are not fewer numbers than its gradient: it would
-  only add a collective), ``False`` none. Under ``ringlet.torch``'s coordinator it is off;
+  only add a collective), ``False`` none;
 * ``compression`` (a name for :func:`ringlet.compression.get` such as ``"fp16"``, or a
   :class:`ringlet.compression.Compressor`): the dense buckets are averaged by a compressed all-reduce
   (:class:`~ringlet.torch.training.compressed_reduction.CompressedReduction`: float32 accumulation, the
   compressor's state per bucket); weights averaged from sufficient factors are not compressed again.
   The step tuner's candidates all keep the compression (``direct`` then picks the direct all-gather of
-  the payloads). Compressed buckets run on ringlet's core queue also under the coordinator;
+  the payloads). Compressed buckets run on ringlet's core queue like the others;
 * ``priority=ringlet.torch.Priority(partition_bytes=...)``: instead of first-in-first-out bucket launches,
   dense buckets are cut into pieces and each free moment of the communication thread sends the
   front-most piece ready on every rank, the order agreed in band (``piece_round.py`` says why it cannot
   mismatch or deadlock); compressed and factored buckets are whole pieces. With
   :meth:`DistributedDataParallel.overlap_optimizer` the averages overlap the next forward: ``backward()``
   returns at once, each module's forward waits for its own parameters' averages and updates, and the
-  buffers of the next forward are broadcast as backward begins. Not under ``ringlet.torch``'s coordinator;
+  buffers of the next forward are broadcast as backward begins;
 * ``no_sync()``: forwards run inside it skip the reduction of their backward, so gradients accumulate
   locally; the first backward after it reduces the accumulated sum;
 * ``find_unused_parameters=True``: the forward output's autograd graph is walked to find parameters
@@ -77,8 +77,9 @@ they accumulate into), ``FORWARD`` spans, a ``BACKWARD`` span from the first to 
 ``priority=``, whose agreements are ``NEGOTIATE`` spans on ``ddp.priority``; the forward's ``WAIT`` and
 ``UPDATE`` spans show :meth:`~DistributedDataParallel.overlap_optimizer` landing averages and updates).
 
-With ``ringlet.torch`` initialised, the collectives go through its name-matched coordinator instead of
-ringlet's core queue (see :class:`Comm`); the coordinator then records the per-bucket phases.
+The collectives run on ringlet's core queue in bucket order (:data:`~ringlet.torch.comm.ORDERED_QUEUE`),
+whether or not ``ringlet.torch`` (``hvd.init()``) is initialised in the process: every option behaves the
+same either way.
 """
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ from .launch_priority import PriorityLaunch
 from .options import DDPOptions
 from .overlap import OptimizerOverlap
 from .readouts import ReadOuts
-from .reduction import DenseReduction, ReductionContext, StepMarks
+from .reducer import BucketReducer
+from .reduction import DenseReduction, ReductionContext
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     ringlet must be initialised first.
     """
 
-    _instances = 0  # wrappers created in this process: names their ops in coordinated mode
+    _instances = 0  # wrappers created in this process: names their ops
 
     def __init__(self, module: torch.nn.Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
@@ -151,11 +153,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         timeline.configure_from_env(_core.runtime().rank)
         self._comm = Comm(group if group is not None else process_group, algorithm)
         self._size = self._comm.size
-        if priority is not None and self._comm.coordinated:
-            raise ValueError("DistributedDataParallel: priority= needs ringlet's core queue; it is not supported "
-                             "with ringlet.torch initialised (the Horovod coordinator orders the collectives).")
         DistributedDataParallel._instances += 1
-        # Names for coordinated mode: identical on every rank as long as ranks wrap modules in the same order.
+        # Op names (checked across ranks): identical on every rank as long as ranks wrap modules in the same order.
         self._prefix = f"ringlet.ddp{DistributedDataParallel._instances}"
         self.require_backward_grad_sync = True
         self._params = _trainable(module)
@@ -165,9 +164,10 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._dense = DenseReduction(self._ctx)
         # Layers whose weight may be reduced from factors; which ones are is decided with the bucket rebuild.
         self._factors = FactorLayers(module, set(self._pindex), self.options.sufficient_factors,
-                                     self._size > 1 and not self._comm.coordinated)
+                                     self._size > 1)
         algo = lambda: self._bucket_algorithm()  # noqa: E731 - read at each launch
         self._launch = FifoLaunch(algo) if priority is None else PriorityLaunch(priority, self._ctx, algo)
+        self._reducer = BucketReducer(self._launch, lambda p: self._names.get(id(p), "?"), "DistributedDataParallel")
         self._plan = BucketPlan(self._params, self.options, self._ctx, self._dense, self._launch.spacing)
         self._sets = BucketSets(self._plan.initial())
         itemsize = self._params[0].element_size() if self._params else 4
@@ -189,7 +189,6 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._lock = threading.Lock()
         self._armed = False          # the current forward's backward must reduce
         self._in_backward = False    # a hook of this backward fired; finalisation is queued
-        self._marks = StepMarks([], [], [])
         self._unused: list[torch.nn.Parameter] = []
         self._usage: torch.Tensor | None = None
         self._usage_work = None
@@ -197,11 +196,11 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._t_first = self._t_last = 0.0
 
     def _trial_plan(self) -> TrialPlan:
-        # The coordinator (ringlet.torch initialised) picks algorithms itself. With a cost model, "auto" is
-        # tried against the model's best other algorithms for the buckets (TrialPlan.candidates).
-        model = _core.runtime().selector.model if not self._comm.coordinated else None
+        # With a cost model, "auto" is tried against the model's best other algorithms for the buckets
+        # (TrialPlan.candidates).
+        model = _core.runtime().selector.model
         sizes = tuple(sorted(set(self._launch.messages(self._sets.active).values()))) if model is not None else ()
-        return TrialPlan(self.options.algorithm, self._size, self.options.tune and not self._comm.coordinated,
+        return TrialPlan(self.options.algorithm, self._size, self.options.tune,
                          self._factors.on_trial, lambda a: _core.resolve_algorithm(a, _core.runtime()),
                          model=model, buckets=sizes, host_of=group_hosts(self._comm) if model is not None else (),
                          itemsize=self._params[0].element_size() if self._params else 4)
@@ -359,12 +358,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             if not self._armed:
                 return
             self._arrivals.start()
-            n = len(self._params)
-            self._marks = StepMarks([False] * n, [False] * n, [p.grad is None for p in self._sets.active.params])
-            for b in self._buckets:
-                b.reduction.prepare(b)
-                b.pending, b.work = len(b.params), None
-            self._launch.start(self._sets.active, self._marks)
+            active = self._sets.active
+            self._reducer.start(active, [p.grad is None for p in active.params])
             if self.options.find_unused_parameters:
                 reached = params_reached(out)
                 self._unused = [p for p in self._params if id(p) not in reached]
@@ -384,35 +379,19 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
                     self._early_buffers = start_coalesced(list(self.module.buffers()), f"{self._prefix}.buffers",
                                                           self._comm.broadcast_)
                 for q in self._unused:
-                    self._mark_ready(q, None)
+                    self._reducer.ready(q, None)
             self._arrivals.record(self._pindex[id(p)])
-            self._mark_ready(p, p.grad)
+            self._reducer.ready(p, p.grad)
             self._t_last = timeline.now_us()
-
-    def _mark_ready(self, p: torch.nn.Parameter, grad: torch.Tensor | None) -> None:
-        b, j, k = self._sets.active.where[id(p)]
-        marks = self._marks
-        if marks.ready[k]:
-            raise RuntimeError(f"DistributedDataParallel: parameter {self._names.get(id(p), '?')} received a "
-                               "gradient twice in one backward (reentrant backward or a parameter used in two "
-                               "separate backward passes of one forward is not supported).")
-        marks.ready[k] = True
-        marks.got_grad[k] = grad is not None
-        b.reduction.accept(b, j, grad)
-        b.pending -= 1
-        self._launch.accepted(b, j)
 
     def _finalize(self) -> None:
         """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``
         (with :meth:`overlap_optimizer`: leave them in flight, pending until the next forward)."""
         with self._lock:
-            missing = [p for k, p in enumerate(self._sets.active.params) if not self._marks.ready[k]]
-            for p in missing:  # zeros keep the ranks in step even when this rank is about to raise
-                self._mark_ready(p, None)
-            self._launch.end_backward()
+            missing = self._reducer.complete()  # zeros keep the ranks in step even when this rank is about to raise
             if self.options.find_unused_parameters:
                 # How many ranks produced a real gradient per parameter: an all-zero entry keeps .grad as is.
-                self._usage = torch.tensor(self._marks.got_grad, dtype=torch.int32)
+                self._usage = torch.tensor(self._reducer.marks.got_grad, dtype=torch.int32)
                 self._usage_work = self._comm.allreduce_(self._usage, ReduceOp.SUM, f"{self._prefix}.usage")
             t_first, t_last = self._t_first, self._t_last
             self._in_backward = False
@@ -443,7 +422,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         """Wait for every bucket (and the usage map), then raise the first error, if any."""
         error: BaseException | None = None
         try:
-            self._launch.wait()
+            self._reducer.wait()
         except BaseException as exc:  # noqa: BLE001 - keep waiting so nothing is left in flight
             error = exc
         if self._usage_work is not None:
@@ -455,11 +434,10 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         if error is not None:
             raise error
 
-    @torch.no_grad()
     def _copy_back(self) -> None:
         if self.options.find_unused_parameters:
-            self._marks.usage = self._usage.tolist()
-        self._launch.deliver(self._marks)
+            self._reducer.marks.usage = self._usage.tolist()
+        self._reducer.deliver()
 
 
 def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -111,15 +111,16 @@ class FactorReduction:
         layer, grad, pairs = self.layer, self.grad, self.layer.take_pairs()
         layer.enabled = False  # every pair of this window is in: backward reached the weight
         ctx = self.ctx
-        comm, size, algo = ctx.comm, ctx.comm.size, ctx.gather_algorithm
+        comm, algo = ctx.comm, ctx.gather_algorithm
         out = self._reusable_out(b)  # decided here: backward is done with this weight
-        name = f"{ctx.prefix}.factors{b.index}"
+        name = ctx.name(b, "factors")
 
         def job():
             res = _factors.gather_factors(layer, grad, pairs, comm, name, algo)
             if res[0] != "factors":
                 return res
-            return "average", _factors.average_from_factors_async(res, layer.out_features, size, out)
+            # The ranks that took part (one span each): the group's size now, also after an elastic reset.
+            return "average", _factors.average_from_factors_async(res, layer.out_features, len(res[2]), out)
 
         return job
 
@@ -134,11 +135,18 @@ class FactorReduction:
             self.ctx.factored += 1
         else:
             self.ctx.fallbacks += 1
+            if self.ctx.fell_back is not None:
+                self.ctx.fell_back(self.layer)
         if avg is None:
             return  # no rank had a gradient for it: leave .grad as it was, like torch
-        p = b.params[0]
         if used:
             self.layer.out = avg
+        self.give(b, avg, marks)
+
+    def give(self, b: Bucket, avg: torch.Tensor, marks: StepMarks) -> None:
+        """The weight's average into its ``.grad``: lent where ``.grad`` was None at the forward, else
+        copied in (torch's DDP semantics)."""
+        p = b.params[0]
         if marks.fresh[b.start] or p.grad is None:
             p.grad = avg.view_as(p)
         elif p.grad.data_ptr() != avg.data_ptr():

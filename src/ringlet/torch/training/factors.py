@@ -151,14 +151,14 @@ def _tolerance(pairs: list) -> float:
 
 @torch.no_grad()
 def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list, comm, name: str,
-                   algorithm: str = "ring", ordered: bool = False):
+                   algorithm: str = "ring"):
     """Every rank's factors for ``layer``, or the dense average if some rank's factors do not match its
     gradient, through ``comm`` (a :class:`ringlet.torch.comm.Comm`; ops named ``name``). Runs where
     collectives may be issued (a job on ringlet's communication thread); ``grad``: this
     rank's local accumulated gradient (None if the weight got none). Returns ``("factors", rows, spans)``
-    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``. ``ordered``:
-    the collectives go on the core queue in submission order even where ``comm`` is coordinated (the
-    Horovod-style path), as :meth:`~ringlet.torch.comm.Comm.allreduce_` says.
+    (``spans``: (start, count) of each rank's rows in ``rows``) or ``("dense", average)``. ``comm`` must
+    schedule on the ordered core queue (:data:`~ringlet.torch.comm.ORDERED_QUEUE`): the collectives run
+    inside the job, in its place.
 
     Once a gather has shown every rank's row count, the next one sends ``layer.capacity`` rows per rank
     (the largest count seen, padded) with no exchange of sizes first: one collective, no metadata round,
@@ -189,11 +189,10 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
 
     cap, size = layer.capacity, comm.size
     if cap is not None:
-        rows = comm.allgather(pack(cap), name, sizes=[1 + cap] * size, check=False, algorithm=algorithm,
-                              ordered=ordered).wait()
+        rows = comm.allgather(pack(cap), name, sizes=[1 + cap] * size, check=False, algorithm=algorithm).wait()
         starts = [r * (1 + cap) for r in range(size)]
     if cap is None or max(int(rows[s, 1]) for s in starts) > cap:
-        rows = comm.allgather(pack(k), name, algorithm=algorithm, ordered=ordered).wait()
+        rows = comm.allgather(pack(k), name, algorithm=algorithm).wait()
         starts = [0]
         for _ in range(size - 1):
             starts.append(starts[-1] + 1 + int(rows[starts[-1], 1]))
@@ -202,7 +201,7 @@ def gather_factors(layer: FactoredLinear, grad: torch.Tensor | None, pairs: list
     spans = [(s + 1, c) for s, c in zip(starts, counts)]
     if not all(bool(rows[s, 0] == 1.0) for s in starts):
         dense = grad.clone() if grad is not None else torch.zeros_like(w)
-        comm.allreduce_(dense, ReduceOp.AVG, f"{name}.dense", ordered=ordered).wait()
+        comm.allreduce_(dense, ReduceOp.AVG, f"{name}.dense").wait()
         return "dense", dense
     return "factors", rows, spans
 

@@ -8,8 +8,11 @@ Usage — the hook line is all a script needs::
 
 Each hook receives a ``torch.distributed.GradBucket`` and returns a ``torch.futures.Future`` holding the
 bucket's flat gradient averaged over the group, as torch's own ``allreduce_hook`` does. The hook does
-not block: it hands the bucket to the communicator (:class:`ringlet.torch.comm.Comm`) and chains the
-completion to its future. DDP calls hooks in bucket order on every rank, which is the order ringlet's
+not block: it hands the bucket to the training layer's reduction strategy — the same
+:class:`~ringlet.torch.training.reduction.DenseReduction` or
+:class:`~ringlet.torch.training.compressed_reduction.CompressedReduction` that ringlet's own DDP and
+``DistributedOptimizer`` use, over torch's buffer (torch's DDP is the bucket reducer here) — and chains
+the completion to its future. DDP calls hooks in bucket order on every rank, which is the order ringlet's
 core queue needs.
 
 When ringlet is not initialised, the first hook call initialises it on torch.distributed's default
@@ -27,6 +30,12 @@ summed in float32, so nothing overflows. Named variants: :func:`fp16_compress_ho
 (``"powersgd:R"`` with ``R = HookState.powersgd_rank``); each uses the state's ``compression`` instead
 when one was given. They run on ringlet's core queue whatever the backend, with any number of buckets
 (on Gloo too). ``HookState.algorithm`` picks ringlet's all-reduce algorithm.
+
+State: torch accepts ``None`` as a hook's state, but a compressor that keeps state between steps (error
+feedback's residuals, PowerSGD's ``Q`` and residual) would start afresh at every call and silently train
+worse. So a compressed hook whose compressor keeps state raises ``ValueError`` when given ``state=None``,
+saying to pass a :class:`HookState` (one per DDP model); :func:`allreduce_hook` and the stateless
+compressors (``fp16``, ``bf16``, ``int8``, ``topk`` without ``+ef``) accept ``None``.
 """
 # No ``from __future__ import annotations``: torch's register_comm_hook checks the hooks' return
 # annotation as an object.
@@ -37,9 +46,11 @@ import torch
 
 from ringlet import compression as _compression
 from ringlet import timeline
-from ringlet.types import ReduceOp
 
 from ..comm import Comm, CommFuture, ensure_initialized, session_key
+from .buckets import Bucket
+from .compressed_reduction import CompressedReduction
+from .reduction import DenseReduction, ReductionContext
 
 __all__ = ["HookState", "BucketState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
            "compressed_hook", "int8_ef_hook", "topk_ef_hook", "powersgd_hook"]
@@ -48,11 +59,13 @@ __all__ = ["HookState", "BucketState", "allreduce_hook", "fp16_compress_hook", "
 @dataclass(slots=True)
 class BucketState:
     """What a hook keeps for one bucket between steps (compressors keep their residuals here).
-    ``calls``: how many times the bucket was reduced; ``data``: the hook's own per-bucket state."""
+    ``calls``: how many times the bucket was reduced; ``data``: the hook's own per-bucket state;
+    ``view``: the bucket as the training layer's reductions see it (:func:`_view`)."""
 
     index: int
     calls: int = 0
     data: dict = field(default_factory=dict)
+    view: Any = None  # the training layer's Bucket over torch's buffer, with its reduction strategy
 
 
 class HookState:
@@ -66,7 +79,7 @@ class HookState:
     (:func:`powersgd_hook`). ``ValueError`` for a compressor name that is not known."""
 
     __slots__ = ("group", "algorithm", "buckets", "compressor", "topk_fraction", "powersgd_rank", "_named",
-                 "_comm", "_comm_key")
+                 "_comm", "_comm_key", "ctx")
 
     def __init__(self, group: Any = None, algorithm: str = "auto", compression=None, *, topk_fraction: float = 0.01,
                  powersgd_rank: int = 2):
@@ -79,6 +92,7 @@ class HookState:
         self.buckets: dict[int, BucketState] = {}
         self._comm: Comm | None = None
         self._comm_key: tuple | None = None
+        self.ctx: ReductionContext | None = None  # what the buckets' reductions share (set by comm())
 
     def compressor_for(self, name: str | None) -> "_compression.Compressor":
         """The state's own ``compression`` when given, else the compressor ``name`` names (made once).
@@ -113,18 +127,34 @@ class HookState:
         key = session_key()
         if self._comm is None or key != self._comm_key:
             self._comm, self._comm_key = Comm(self.group, self.algorithm), key
+            self.ctx = ReductionContext(self._comm, "ringlet.hook", False, False,
+                                        label=lambda b, kind: f"ringlet.hook.ddp_hook.bucket{b.index}")
         return self._comm
 
 
-def _reduce(state: HookState | None, bucket, send: torch.Tensor, finish: Callable[[], torch.Tensor],
-            op: ReduceOp, prescale: float) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce ``send`` in place; the returned future's value is ``finish()``, run once it is done."""
+def _view(st: BucketState, bucket, buf: torch.Tensor, reduction) -> Bucket:
+    """Torch's bucket as the training layer's :class:`~ringlet.torch.training.buckets.Bucket` (its buffer
+    is torch's, nothing allocated) with ``reduction``, kept in ``st`` while the reduction stays."""
+    view = st.view
+    if view is None or view.reduction is not reduction:
+        view = st.view = Bucket(st.index, list(_tensors(bucket)), reduction, 0, buffer=buf)
+    view.buffer = buf
+    return view
+
+
+def allreduce_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket over the group with ringlet (op AVG, in place on the bucket's buffer): the
+    training layer's dense strategy (:class:`~ringlet.torch.training.reduction.DenseReduction`)."""
     state = state if state is not None else HookState()
-    comm = state.comm()
-    state.bucket(bucket.index()).calls += 1
-    label = f"ddp_hook.bucket{bucket.index()}"
-    fut = comm.allreduce_(send, op, f"ringlet.hook.{label}", prescale=prescale)
-    return _chain(fut, label, send.numel() * send.element_size(), finish)
+    state.comm()
+    st = state.bucket(bucket.index())
+    st.calls += 1
+    buf = bucket.buffer()
+    old = st.view.reduction if st.view is not None else None
+    dense = old if isinstance(old, DenseReduction) and old.ctx is state.ctx else DenseReduction(state.ctx)
+    view = _view(st, bucket, buf, dense)
+    fut = dense.launch(view, False)
+    return _chain(fut, f"ddp_hook.bucket{st.index}", buf.numel() * buf.element_size(), lambda: buf)
 
 
 def _chain(fut: CommFuture, label: str, nbytes: int, finish: Callable[[], torch.Tensor]) -> torch.futures.Future:
@@ -141,19 +171,38 @@ def _chain(fut: CommFuture, label: str, nbytes: int, finish: Callable[[], torch.
     return fut.then(done)
 
 
+def _tensors(bucket) -> list[torch.Tensor]:
+    """The tensors the bucket's buffer concatenates, in order."""
+    return bucket.parameters() if hasattr(bucket, "parameters") else bucket.gradients()
+
+
 def _shapes(bucket) -> list[tuple[int, ...]]:
     """The shapes of the tensors the bucket's buffer concatenates, in order."""
-    tensors = bucket.parameters() if hasattr(bucket, "parameters") else bucket.gradients()
-    return [tuple(t.shape) for t in tensors]
+    return [tuple(t.shape) for t in _tensors(bucket)]
+
+
+def keeps_state(comp: "_compression.Compressor") -> bool:
+    """Whether ``comp`` carries state from one step to the next (error-feedback residuals, PowerSGD's
+    schedule of its own: ``Q``, its residual), which a fresh state per call would silently lose."""
+    return isinstance(comp, _compression.ErrorFeedback) or comp.reduces_by == "custom"
 
 
 def _compressed(state: HookState | None, bucket, name: str | None) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in place with the compressed all-reduce of ``state``'s compressor (or ``name``'s).
     The compressor's state is kept per bucket and per layout (a bucket that torch rebuilt with other
-    parameters starts afresh)."""
-    state = state if state is not None else HookState()
+    parameters starts afresh). ``ValueError`` for ``state=None`` with a compressor that keeps state."""
+    if state is None:
+        comp = _compression.get(name) if name is not None else None
+        if comp is None or keeps_state(comp):
+            what = name if name is not None else "compressed_hook"
+            raise ValueError(f"the {what!r} comm hook keeps compressor state between steps (error feedback, "
+                             "warm start) and was given state=None, which would start afresh at every call: "
+                             "pass one ringlet.torch.hooks.HookState() per DDP model, e.g. "
+                             "ddp.register_comm_hook(ringlet.torch.hooks.HookState(), ringlet.torch.hooks."
+                             "powersgd_hook)")
+        state = HookState()
     comp = state.compressor_for(name)
-    comm = state.comm()
+    state.comm()
     st = state.bucket(bucket.index())
     st.calls += 1
     buf = bucket.buffer()
@@ -161,10 +210,14 @@ def _compressed(state: HookState | None, bucket, name: str | None) -> torch.futu
     key = ("compression", comp.name, tuple(shapes))
     for old in [k for k in st.data if isinstance(k, tuple) and k[:1] == ("compression",) and k != key]:
         del st.data[old]
-    label = f"ddp_hook.bucket{bucket.index()}"
-    fut = comm.allreduce_compressed_(buf, comp, st.data.setdefault(key, {}), f"ringlet.hook.{label}",
-                                     average=True, shapes=shapes)
-    return _chain(fut, label, comp.wire_bytes(buf.numel()), lambda: buf)
+    comp_state = st.data.setdefault(key, {})
+    red = st.view.reduction if st.view is not None else None
+    if not (isinstance(red, CompressedReduction) and red.state is comp_state and red.ctx is state.ctx
+            and red.compressor is comp):
+        red = CompressedReduction(state.ctx, comp)  # the training layer's compressed strategy, this bucket's state
+        red.state, red.shapes = comp_state, tuple(shapes)
+    fut = red.launch(_view(st, bucket, buf, red), False)
+    return _chain(fut, f"ddp_hook.bucket{st.index}", comp.wire_bytes(buf.numel()), lambda: buf)
 
 
 def compressed_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -190,12 +243,6 @@ def powersgd_hook(state: HookState | None, bucket) -> torch.futures.Future[torch
     number of buckets."""
     rank = state.powersgd_rank if state is not None else 2
     return _compressed(state, bucket, f"powersgd:{rank}")
-
-
-def allreduce_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket over the group with ringlet (op AVG, in place on the bucket's buffer)."""
-    buf = bucket.buffer()
-    return _reduce(state, bucket, buf, lambda: buf, ReduceOp.AVG, 1.0)
 
 
 def fp16_compress_hook(state: HookState | None, bucket) -> torch.futures.Future[torch.Tensor]:

@@ -3,7 +3,8 @@ first in, first out.
 
 A bucket is launched (its reduction's :meth:`~ringlet.torch.training.reduction.Reduction.launch`) as soon
 as it and every bucket before it are full, so buckets start in index order on every rank; at the end of
-backward every bucket is waited for and the averages are delivered. The other launcher is
+backward every bucket is waited for and the averages are delivered (:class:`EagerLaunch`: each bucket as
+soon as it is full, for name-matched collectives). The other launcher is
 :class:`~ringlet.torch.training.launch_priority.PriorityLaunch`. A launcher's calls per reduced backward:
 :meth:`start` at the forward, :meth:`accepted` after each parameter's gradient went into its bucket,
 :meth:`end_backward` once every parameter was accepted, :meth:`wait`, then :meth:`deliver` (and
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .buckets import Bucket, BucketSet
     from .reduction import StepMarks
 
-__all__ = ["FifoLaunch"]
+__all__ = ["FifoLaunch", "EagerLaunch"]
 
 
 class FifoLaunch:
@@ -54,12 +55,14 @@ class FifoLaunch:
     def _launch_ready(self) -> None:
         buckets = self._buckets
         while self._next < len(buckets) and buckets[self._next].pending == 0:
-            b = buckets[self._next]
-            timed = timeline.active() is not None
-            b.t_launch = timeline.now_us() if timed else 0.0
-            b.algo = self._algorithm()
-            b.work = b.reduction.launch(b, timed)
+            self._launch(buckets[self._next])
             self._next += 1
+
+    def _launch(self, b: Bucket) -> None:
+        timed = timeline.active() is not None
+        b.t_launch = timeline.now_us() if timed else 0.0
+        b.algo = self._algorithm()
+        b.work = b.reduction.launch(b, timed)
 
     def wait(self) -> None:
         """Wait for every bucket, then raise the first error, if any."""
@@ -88,3 +91,18 @@ class FifoLaunch:
             tl.span(track, "QUEUE", b.t_launch, start)
             tl.span(track, "COMMUNICATE", start, end,
                     {"bytes": b.buffer.numel() * b.buffer.element_size(), "params": len(b.params)})
+
+
+class EagerLaunch(FifoLaunch):
+    """Each bucket launched as soon as it is full, whatever the buckets before it: only for a communicator
+    whose scheduler matches collectives by name (:class:`ringlet.torch.name_matched.NameMatched`), where
+    ranks may fill their buckets in different orders."""
+
+    def accepted(self, b: Bucket, j: int) -> None:
+        if b.pending == 0:
+            self._launch(b)
+
+    def end_backward(self) -> None:
+        for b in self._buckets:
+            if b.work is None:
+                self._launch(b)

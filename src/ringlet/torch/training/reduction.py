@@ -1,9 +1,13 @@
-"""How one bucket of :class:`~ringlet.torch.training.ddp.DistributedDataParallel` is reduced: the
-:class:`Reduction` interface, chosen per bucket, and :class:`DenseReduction`, the all-reduce (op AVG) of
-the bucket's flat buffer. The other strategy, averaging a weight from gathered sufficient factors, is
-:class:`~ringlet.torch.training.factor_reduction.FactorReduction`.
+"""How one bucket of the bucket reducer (:mod:`~ringlet.torch.training.reducer`: ringlet's
+DistributedDataParallel, ``DistributedOptimizer``, and per torch bucket the comm hooks) is reduced: the
+:class:`Reduction` interface, chosen per bucket, and :class:`DenseReduction`, the all-reduce of the
+bucket's flat buffer (the context's op, AVG for the DDP, and scales). The other strategies: a
+compressor's all-reduce (:class:`~ringlet.torch.training.compressed_reduction.CompressedReduction`) and
+a weight averaged from gathered sufficient factors
+(:class:`~ringlet.torch.training.factor_reduction.FactorReduction`); Horovod's delivery of each
+(:mod:`~ringlet.torch.training.take_reduction`).
 
-Per reduced backward the DDP calls, for each bucket: :meth:`Reduction.prepare` at the forward,
+Per reduced backward the reducer calls, for each bucket: :meth:`Reduction.prepare` at the forward,
 :meth:`Reduction.accept` once per parameter as its gradient is ready (``None``: it gets none),
 :meth:`Reduction.launch` when every parameter was accepted (by the DDP's launcher: first in, first
 out, or priority-scheduled pieces), :meth:`Reduction.finish` with what the launched work returned, and
@@ -31,13 +35,22 @@ __all__ = ["Reduction", "ReductionContext", "StepMarks", "DenseReduction"]
 
 @dataclass(slots=True)
 class ReductionContext:
-    """What the reductions of one DDP share: where collectives go and under which name prefix, how
-    averages reach ``.grad``, and counters (for tests and reports)."""
+    """What the reductions of one front end share: where collectives go and under which names, the
+    reduction (``op`` AVG or SUM, ``prescale`` before and ``postscale`` after it), how averages reach
+    ``.grad``, and counters (for tests and reports). ``label(bucket, kind)``, when given, names a
+    bucket's collectives (``kind``: ``"bucket"``, ``"compressed"`` or ``"factors"``); else
+    :meth:`name` derives them from ``prefix``. ``fell_back(layer)``, when given, is told of a weight whose
+    factors some rank could not use (it was all-reduced densely)."""
 
     comm: Comm
     prefix: str
     gradient_as_bucket_view: bool
     lend_gradients: bool = True   # False: copy averages into .grad instead of lending bucket memory
+    op: ReduceOp = ReduceOp.AVG
+    prescale: float = 1.0
+    postscale: float = 1.0
+    label: Callable[[Any, str], str] | None = None
+    fell_back: Callable[[Any], None] | None = None
     gather_algorithm: str = "ring"  # all-gather algorithm of the sufficient factors
     fresh_buffers: int = 0        # buckets replaced because their memory was still held
     factored: int = 0             # weight averages computed from factors
@@ -45,6 +58,14 @@ class ReductionContext:
     # Told of every dense all-reduce of gradients once it ran: (algorithm requested, bytes, its span), on
     # the communication thread (dynamic adjustment, ringlet.torch.training.adapt); None: nobody listens.
     observe: Callable[[str, int, tuple[float, float] | None], None] | None = None
+
+    def name(self, b: Bucket, kind: str) -> str:
+        """The name of bucket ``b``'s collectives of ``kind`` (see the class doc)."""
+        if self.label is not None:
+            return self.label(b, kind)
+        if kind == "compressed":  # matched by order; the bucket's index is what every rank shares
+            return f"ddp.bucket{b.index}"
+        return f"{self.prefix}.{kind}{b.index}"
 
 
 @dataclass(slots=True)
@@ -120,8 +141,8 @@ class DenseReduction:
 
     def launch(self, b: Bucket, timed: bool) -> CommFuture:
         ctx = self.ctx
-        fut = ctx.comm.allreduce_(b.buffer, ReduceOp.AVG, f"{ctx.prefix}.bucket{b.index}", timed=timed,
-                                  check=None if b.algo not in b.validated else False, algorithm=b.algo)
+        fut = ctx.comm.allreduce_(b.buffer, ctx.op, ctx.name(b, "bucket"), ctx.prescale, timed,
+                                  None if b.algo not in b.validated else False, b.algo, ctx.postscale)
         observe = ctx.observe
         if observe is not None:
             algo, nbytes = b.algo, b.buffer.numel() * b.buffer.element_size()

@@ -77,8 +77,8 @@ class HierarchicalReducer:
     Construction creates one group per host and one per local index (:func:`ringlet.new_group`): every
     rank of the job must construct its reducers with the same arguments in the same order (a rank outside
     ``comm_or_group`` gets ``ValueError`` once the groups are made). Needs
-    ringlet's core path (``ringlet.init``; with ``ringlet.torch`` initialised: ``TypeError``, before any
-    group is made). ``ValueError`` for unequal hosts, a ``host_of`` of the wrong length, and the
+    ringlet's core queue: ``TypeError``, before any group is made, for a Comm whose scheduler is the
+    name-matched coordinator. ``ValueError`` for unequal hosts, a ``host_of`` of the wrong length, and the
     compressors :func:`~ringlet.torch.training.zero.reduce_compressed.compressor_for_buckets` refuses.
     """
 
@@ -87,8 +87,8 @@ class HierarchicalReducer:
         self.compressor = None if compression is None else compressor_for_buckets(compression)
         self.comm = comm_or_group if isinstance(comm_or_group, Comm) else Comm(comm_or_group, algorithm)
         if self.comm.coordinated:
-            raise TypeError("HierarchicalReducer runs on ringlet's core path, over sub-groups of its own; with "
-                            "ringlet.torch initialised use Reducer or CompressedReducer (or shut ringlet.torch down)")
+            raise TypeError("HierarchicalReducer runs on ringlet's core queue, over sub-groups of its own; pass a "
+                            "Comm with the ordered scheduler (the default), not the name-matched one")
         ranks = self.comm.ranks
         layout = Hosts.of(ranks, _job_host_of(ranks) if host_of is None else tuple(host_of))
         me = ringlet.rank()
