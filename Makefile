@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-slow bench clean
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,10 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# The long fuzz runs (marked slow; `make test` leaves them out).
+test-slow: setup
+	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_bench.py
