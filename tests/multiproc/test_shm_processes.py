@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from mp_jobs import worker
 
 from ringlet.transport.shm import ShmTransport
 
 pytestmark = [pytest.mark.multiproc,
               pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux x86 with /dev/shm")]
 
-WORKER = Path(__file__).with_name("_shm_worker.py")
+WORKER = Path(worker("shm_worker.py"))
 PYTHON = sys.executable
 MODES = {  # small rings so that large messages stream through them in many pieces
     "eager": {"RINGLET_SHM_CMA": "0", "RINGLET_SHM_RING_BYTES": "65536"},

@@ -1,5 +1,6 @@
-"""Helpers for the multiproc tests: launch real jobs with ``ringlet run`` (imported as ``mp_jobs``; the
-tests directory is on sys.path because it has no __init__.py).
+"""Helpers for the multiproc tests: launch real jobs with ``ringlet run`` (imported as ``mp_jobs``;
+tests/workers is on sys.path through pyproject's ``pythonpath``, and :func:`worker` names the scripts
+in it).
 
 Every job runs in its own session with a hard timeout; on timeout the whole process tree (launcher,
 elastic agent or mpiexec, shims, ranks) is killed so nothing can outlive the test or hang CI.
