@@ -1,6 +1,6 @@
 """One rank of the collective matrix, run inside a real job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/matrix_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/matrix_worker.py OUT.json
 
 Every rank runs the same cases in the same order, computes the expected result itself with
 :mod:`ringlet.algorithms.reference` (all inputs are integer-valued and derived from a seed, so every

@@ -114,6 +114,12 @@ def transport_params():
             pytest.param("shm", id="shm")]
 
 
+def transport_world_params(*pairs: tuple[str, int]) -> list:
+    """``(transport, world)`` parameters for a job test: a few representative pairs (each transport and
+    each world size at least once) rather than every product; mpi's carry the ``mpi`` mark."""
+    return [pytest.param(t, w, id=f"{t}-{w}", marks=[pytest.mark.mpi] if t == "mpi" else []) for t, w in pairs]
+
+
 def job_report(job: Job) -> str:
     return (f"$ {' '.join(map(str, job.argv))}\nexit status {job.returncode} after {job.seconds:.1f}s\n"
             f"--- stdout (tail) ---\n{job.stdout[-3000:]}\n--- stderr (tail) ---\n{job.stderr[-6000:]}")
