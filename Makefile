@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # CPU build (e.g. TORCH_SPEC="torch --index-url <your CPU wheel index>") to avoid a multi-GB CUDA wheel.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the real-process tests one at a time on one, the in-process ones beside them.
+XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: setup demo test test-slow bench clean
 
@@ -21,11 +23,11 @@ demo: setup
 	$(VENV)/bin/ringlet demo
 
 test: setup
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The long fuzz runs (marked slow; `make test` leaves them out).
 test-slow: setup
-	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q $(XDIST) -m slow $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_bench.py
