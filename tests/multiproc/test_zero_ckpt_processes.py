@@ -30,7 +30,8 @@ def assert_consolidated_equal(a, b) -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("n,m", [(2, 3), (3, 2)])
+# Shrinking here; growing (and shrinking again) with the real ZeroOptimizer in the next test.
+@pytest.mark.parametrize("n,m", [(3, 2)])
 def test_save_n_load_m_continues_identically(n, m, tmp_path):
     folder = tmp_path / "ckpts"
     (tmp_path / "a").mkdir()
