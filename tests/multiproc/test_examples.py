@@ -1,7 +1,9 @@
 """The examples and ``ringlet demo`` run for real: 2 ranks, a short training each, sane output.
 
-Digits training must beat chance (10%) clearly after one epoch; the synthetic benchmark must report a
-positive throughput, and its timeline (hvd, ddp) must summarise with ``ringlet report``.
+``ringlet demo`` runs the three digits examples (``train_digits_hvd.py``, ``train_digits_ddp.py`` and
+``train_digits_ddp.py --stock``) for one epoch each, so each must beat chance (10%) clearly there; the
+synthetic benchmark must report a positive throughput, and its timeline (hvd, ddp) must summarise with
+``ringlet report``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from ringlet.cli.report import analyze
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB_TIMEOUT = 240  # seconds; each job takes well under a minute here
-RESULT = re.compile(r"test accuracy: ([\d.]+)\s+throughput: ([\d.]+) samples/s")
 
 pytestmark = pytest.mark.multiproc
 
@@ -29,19 +30,6 @@ pytestmark = pytest.mark.multiproc
 def _sklearn():
     if importlib.util.find_spec("sklearn") is None:
         pytest.fail("scikit-learn is missing: the examples need it (pip install -e '.[examples]'; make test does)")
-
-
-@pytest.mark.parametrize("argv", [["train_digits_hvd.py"], ["train_digits_ddp.py"],
-                                  ["train_digits_ddp.py", "--stock"]], ids=["hvd", "ddp", "stock-ddp"])
-def test_train_digits(argv):
-    job = run_job(["-np", "2", "--", sys.executable, str(EXAMPLES / argv[0]), "--epochs", "1", *argv[1:]],
-                  timeout=JOB_TIMEOUT, env={"RINGLET_TIMEOUT": "60"})
-    assert job.returncode == 0, job_report(job)
-    m = RESULT.search(job.stdout)
-    assert m, job_report(job)
-    accuracy, rate = float(m.group(1)), float(m.group(2))
-    assert accuracy > 0.5 and rate > 0, job_report(job)
-    assert "epoch 1: train loss" in job.stdout and "(2 ranks, 1 epochs" in job.stdout
 
 
 @pytest.mark.parametrize("mode,model,traced", [("hvd", "cnn", True), ("ddp", "cnn", True),

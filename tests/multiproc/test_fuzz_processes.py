@@ -1,7 +1,10 @@
 """The fuzz with real processes: 3 and 4 ranks over Gloo (``--transport torch``) and shared memory run
-the same generated cases (tests/unit/fuzz_cases.py, fuzz_hvd.py) from a seed every rank shares; cases
+the same generated cases (tests/workers/fuzz_cases.py, fuzz_hvd.py) from a seed every rank shares; cases
 with faults make ranks differ on purpose. Every rank ends every case with the reference or a clear
 exception, and the job finishes within the test's bound (the worker: ``fuzz_worker.py``).
+
+By default one short job per transport runs (``SMOKE_CASES``); the full campaign over both transports
+and both world sizes is marked ``slow`` (``make test-slow``).
 
 ``RINGLET_FUZZ_EXAMPLES`` multiplies the number of cases, ``RINGLET_FUZZ_SEED`` picks another seed."""
 from __future__ import annotations
@@ -15,6 +18,7 @@ from mp_jobs import job_report, load_rank_files, require_transport, run_job, wor
 SCALE = max(1, int(os.environ.get("RINGLET_FUZZ_EXAMPLES", "1") or "1"))
 SEED = int(os.environ.get("RINGLET_FUZZ_SEED", "20") or "20")
 CASES = 30 * SCALE
+SMOKE_CASES = 10
 CHUNK = 20  # cases per job (at most 28 groups: see the test)
 OP_TIMEOUT = "5"  # seconds: a rank left waiting by one that sat out or failed locally raises after this
 
@@ -34,18 +38,25 @@ def _run_chunk(transport: str, world: int, seed: int, first: int, count: int, ou
     return ranks[0]["cases"]
 
 
+def _grid() -> list:
+    smoke = [pytest.param("torch", 3, SMOKE_CASES, id="torch-3-smoke"),
+             pytest.param("shm", 4, SMOKE_CASES, id="shm-4-smoke")]
+    full = [pytest.param(t, w, CASES, id=f"{t}-{w}-full", marks=pytest.mark.slow)
+            for t in ("torch", "shm") for w in (3, 4)]
+    return smoke + full
+
+
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [3, 4])
-@pytest.mark.parametrize("transport", ["torch", "shm"])
-def test_fuzz_real_processes(transport, world, tmp_path):
+@pytest.mark.parametrize("transport,world,count", _grid())
+def test_fuzz_real_processes(transport, world, count, tmp_path):
     """The cases run in jobs of ``CHUNK``: a core case with faults or a sub-group makes one group, a
     Horovod case (every third) two, and group ids share 5 bits of the message tags (docs/fuzzing.md),
     so one job must not make 32."""
     require_transport(transport)
     seed = SEED * 10 + world
     cases = []
-    for first in range(0, CASES, CHUNK):
-        cases += _run_chunk(transport, world, seed, first, min(CHUNK, CASES - first), tmp_path / f"fuzz{first}.json")
+    for first in range(0, count, CHUNK):
+        cases += _run_chunk(transport, world, seed, first, min(CHUNK, count - first), tmp_path / f"fuzz{first}.json")
     clean = sum(c["clean"] for c in cases)
-    print(f"{transport} x {world}, seed {seed}: {CASES} cases, {clean} clean, {CASES - clean} with faults; "
+    print(f"{transport} x {world}, seed {seed}: {count} cases, {clean} clean, {count - clean} with faults; "
           f"{sum(c['seconds'] for c in cases):.1f} s")

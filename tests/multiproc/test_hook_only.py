@@ -10,8 +10,7 @@ from mp_jobs import job_report, load_rank_files, run_job, worker
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("transport", ["torch", "default"])
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("transport,world", [("torch", 3), ("default", 2)], ids=["torch-3", "default-2"])
 def test_hook_line_is_all_a_stock_ddp_script_needs(world, transport, tmp_path):
     out = tmp_path / "hook.json"
     how = ["--transport", transport] if transport != "default" else []  # default: shm on one host

@@ -1,20 +1,19 @@
-"""ringlet.torch ops with real processes: one ``ringlet run`` job per (transport, world size) running
-every case of ``hvd_ops_worker.py`` (name matching, the error table, fusion on/off, join, process
-sets, stall warning, re-init, dead peer)."""
+"""ringlet.torch ops with real processes: one ``ringlet run`` job per (transport, world size) pair (Gloo
+on 3 ranks, shared memory on 2), each running every case of ``hvd_ops_worker.py`` (name matching, the
+error table, fusion on/off, join, process sets, stall warning, re-init, dead peer)."""
 from __future__ import annotations
 
 import sys
 
 import pytest
 
-from mp_jobs import job_report, load_rank_files, require_transport, run_job, worker
+from mp_jobs import job_report, load_rank_files, require_transport, run_job, transport_world_params, worker
 
 JOB_TIMEOUT = 300  # seconds; a healthy job takes well under a minute here
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("transport", ["torch", "shm"])
+@pytest.mark.parametrize("transport,world", transport_world_params(("torch", 3), ("shm", 2)))
 def test_hvd_ops(transport, world, tmp_path):
     require_transport(transport)
     out = tmp_path / "hvd.json"

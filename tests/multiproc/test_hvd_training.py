@@ -7,11 +7,12 @@ errors; the gradients of every differentiable collective; broadcast_parameters,
 broadcast_optimizer_state, broadcast_object, allgather_object; SyncBatchNorm against BatchNorm on the
 concatenated batch. This test launches it and fails with every failing case of every rank.
 
-Further jobs run the same worker on one case module each: ``hvd_cases_join`` (join() followed by every
-collective kind, each rank joining first in turn, with cached, fresh and unnamed ops) and
-``hvd_cases_optim`` (broadcast_optimizer_state for every torch.optim class, SparseAdam with
-sparse_as_dense, the step()-after-synchronize() warning) and ``hvd_cases_fused`` (gradients as ordered,
-fused all-reduces against matched by name; join() with uneven steps; differing parameters).
+One further job per world size runs the same worker on the case modules, one after the other:
+``hvd_cases_join`` (join() followed by every collective kind, each rank joining first in turn, with
+cached, fresh and unnamed ops), ``hvd_cases_optim`` (broadcast_optimizer_state for every torch.optim
+class, SparseAdam with sparse_as_dense, the step()-after-synchronize() warning), ``hvd_cases_fused``
+(gradients as ordered, fused all-reduces against matched by name; join() with uneven steps; differing
+parameters) and ``hvd_cases_factors``.
 """
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ def test_hvd_training_equivalence(world, tmp_path):
     print(f"torch x {world}: {len(passed)} cases passed on every rank; sections {ranks[0]['sections']}")
 
 
+CASE_MODULES = ["hvd_cases_join", "hvd_cases_optim", "hvd_cases_fused", "hvd_cases_factors"]
+
+
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("module", ["hvd_cases_join", "hvd_cases_optim", "hvd_cases_fused", "hvd_cases_factors"])
-def test_hvd_case_module(module, world, tmp_path):
-    cases = importlib.import_module(module).CASES
-    ranks = run_cases(world, tmp_path, [module])
-    assert len(ranks[0]["passed"]) == len(cases), ranks[0]["passed"]
+def test_hvd_case_modules(world, tmp_path):
+    """Every case module's cases, one after the other in one job (one process start per world size)."""
+    cases = [name for module in CASE_MODULES for name, _ in importlib.import_module(module).CASES]
+    ranks = run_cases(world, tmp_path, CASE_MODULES)
+    assert [p.split("/", 1)[1] for p in ranks[0]["passed"]] == cases, ranks[0]["passed"]

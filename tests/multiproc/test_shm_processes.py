@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from mp_jobs import worker
 
 from ringlet.transport.shm import ShmTransport
 
 pytestmark = [pytest.mark.multiproc,
               pytest.mark.skipif(not ShmTransport.available(), reason="needs Linux x86 with /dev/shm")]
 
-WORKER = Path(__file__).with_name("_shm_worker.py")
+WORKER = Path(worker("shm_worker.py"))
 PYTHON = sys.executable
 MODES = {  # small rings so that large messages stream through them in many pieces
     "eager": {"RINGLET_SHM_CMA": "0", "RINGLET_SHM_RING_BYTES": "65536"},
@@ -84,8 +85,7 @@ def test_dead_peer_raises_peer_error(tmp_path):
     no_segments_left(results)
 
 
-@pytest.mark.parametrize("spin", ["default", "sleep"])
-@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("p, spin", [(2, "sleep"), (4, "default")])  # each wait mode, each size once
 def test_mailbox_small_allreduce(p, spin, tmp_path):
     """The one-round small all-reduce (engine.small over the shm mailbox) between real processes: 300
     exact rounds, the same MismatchError on every rank, and PeerError when a rank dies mid-round; with

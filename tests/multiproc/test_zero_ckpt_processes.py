@@ -4,7 +4,6 @@ within 1e-6 with ``ZeroOptimizer`` from 4 to 2 and 2 to 3 ranks across stages; a
 an asynchronous save leaves the previous checkpoint loadable. Worker: ``zero_ckpt_worker.py``."""
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -12,10 +11,9 @@ import torch
 from case_jobs import run_worker
 from mp_jobs import job_report, run_job, worker
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from zero_ckpt_models import make, sharded  # noqa: E402
+from zero_ckpt_models import make, sharded
 
-from ringlet.torch.training.zero import checkpoint as zckpt  # noqa: E402
+from ringlet.torch.training.zero import checkpoint as zckpt
 
 
 def assert_consolidated_equal(a, b) -> None:
@@ -32,7 +30,8 @@ def assert_consolidated_equal(a, b) -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("n,m", [(2, 3), (3, 2)])
+# Shrinking here; growing (and shrinking again) with the real ZeroOptimizer in the next test.
+@pytest.mark.parametrize("n,m", [(3, 2)])
 def test_save_n_load_m_continues_identically(n, m, tmp_path):
     folder = tmp_path / "ckpts"
     (tmp_path / "a").mkdir()

@@ -98,7 +98,8 @@ def test_bad_plans_are_refused(kw, match):
         CalibrationPlan(**args)
 
 
-@pytest.mark.parametrize("name", ["1x1", "1x2", "1x3", "2x1", "2x2", "3+2"])
+# No peers, peers on the host only, on other hosts only, and both (on hosts of different sizes).
+@pytest.mark.parametrize("name", ["1x1", "1x2", "2x1", "3+2"])
 def test_calibration_gives_every_rank_the_same_profile(name):
     host_of = LAYOUTS[name]
     p = len(host_of)

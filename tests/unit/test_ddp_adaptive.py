@@ -136,8 +136,7 @@ def test_bucket_sets_need_a_set():
 
 
 # ---- switching -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("p, launch", [(4, "fifo"), (5, "fifo"), (6, "fifo"), (4, "priority"), (5, "priority"),
-                                       (6, "priority"), (4, "overlap"), (5, "overlap")])
+@pytest.mark.parametrize("p, launch", [(6, "fifo"), (5, "priority"), (4, "overlap")])  # each launch, each size once
 def test_a_slower_network_switches_within_the_bound_on_every_rank_alike(p, launch, model, monkeypatch, tmp_path,
                                                                         caplog):
     synthetic(monkeypatch)

@@ -1,7 +1,7 @@
 """Sufficient factors of fully connected layers (ringlet.torch.training.factors), in one process: which layers
 qualify, when factoring pays, the per-rank guard, and the average computed from gathered rows against
 the explicit sum of the ranks' gradients. The multi-process equivalence lives in
-tests/multiproc/ddp_worker.py (case sufficient_factors)."""
+tests/workers/ddp_worker.py (case sufficient_factors)."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,7 @@
 """Priority scheduling in ringlet's DDP, in one process (ranks as threads): the Priority strategy's
 checks, the piece layout, the choice rule, the order pieces go out in, and the overlap of the next
 forward giving the synchronous DDP's parameters bit for bit. The same equivalences over real processes
-live in tests/multiproc/priority_worker.py (test_priority_processes.py)."""
+live in tests/workers/priority_worker.py (test_priority_processes.py)."""
 from __future__ import annotations
 
 import threading

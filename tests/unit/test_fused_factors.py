@@ -1,5 +1,5 @@
 """The bookkeeping of sufficient factors on DistributedOptimizer's fused path (no communication; the
-reductions themselves run with real processes in ``tests/multiproc/hvd_cases_factors.py``): modes, which
+reductions themselves run with real processes in ``tests/workers/hvd_cases_factors.py``): modes, which
 layers are found, the vote and the decision, and the global hook's lifetime."""
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_hook_goes_with_the_optimizer():
     assert _hooks() == before
 
 
-# ---- through DistributedOptimizer, ranks as threads (real processes: tests/multiproc/hvd_cases_factors.py)
+# ---- through DistributedOptimizer, ranks as threads (real processes: tests/workers/hvd_cases_factors.py)
 def _net(seed: int = 5) -> nn.Module:
     """The same weights on every call (from a generator of its own: ranks are threads here, and the
     default generator is shared between them)."""

@@ -3,7 +3,8 @@
 supported dtype and unsupported ones, strided/transposed/expanded views, ``meta`` tensors, every
 algorithm name and spelling, NaN and infinities, sub-groups, and ranks calling with different
 arguments. Every rank returns the reference or raises a clear exception; no hang, no wrong answer
-(the property: :mod:`fuzz_cases`, :func:`fuzz_run.judge`)."""
+(the property: :mod:`fuzz_cases`, :func:`fuzz_run.judge`). A smoke budget runs by default, the full
+one is marked ``slow``."""
 from __future__ import annotations
 
 from unittest import mock
@@ -13,9 +14,8 @@ import torch
 from conftest import P2P_SMALL
 from fuzz_cases import Call, Case, Draw, _local_fault, draw_case
 from fuzz_run import judge, rank_body
-from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_grid, run_fuzz, run_ranks, usable
+from hypothesis import assume
 
 from ringlet.transport.inproc import InprocTransport
 from ringlet.types import ReduceOp
@@ -30,30 +30,24 @@ def check_case(case: Case) -> None:
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
-@fuzz_settings(60)
-@given(data=st.data())
-def test_clean_calls_match_reference(p, data):
+@pytest.mark.parametrize("p,examples", fuzz_grid({2: 8, 5: 6}, {p: 60 for p in (1, 2, 3, 4, 5, 8)}))
+def test_clean_calls_match_reference(p, examples):
     """No faults: every rank returns the reference."""
-    check_case(draw_case(HypothesisDraw(data), p, faults=False))
+    run_fuzz(examples, lambda data: check_case(draw_case(HypothesisDraw(data), p, faults=False)))
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 7])
-@fuzz_settings(30)
-@given(data=st.data())
-def test_any_calls_reference_or_clear_error(p, data):
+@pytest.mark.parametrize("p,examples", fuzz_grid({3: 8, 4: 6}, {p: 30 for p in (1, 2, 3, 4, 6, 7)}))
+def test_any_calls_reference_or_clear_error(p, examples):
     """Half the cases with faults, on some ranks or all: reference, or a clear error on every rank."""
-    check_case(draw_case(HypothesisDraw(data), p))
+    run_fuzz(examples, lambda data: check_case(draw_case(HypothesisDraw(data), p)))
 
 
-@pytest.mark.parametrize("p", [2, 3, 5])
-@fuzz_settings(20)
-@given(data=st.data())
-def test_any_calls_over_the_in_band_carrier(p, data):
+@pytest.mark.parametrize("p,examples", fuzz_grid({3: 6}, {p: 20 for p in (2, 3, 5)}))
+def test_any_calls_over_the_in_band_carrier(p, examples):
     """The same, with small all-reduces and every check on recursive doubling with the records in band
     (the carrier MPI's transport asks for with ``capabilities.small_path``)."""
     with mock.patch.object(InprocTransport, "capabilities", P2P_SMALL):
-        check_case(draw_case(HypothesisDraw(data), p))
+        run_fuzz(examples, lambda data: check_case(draw_case(HypothesisDraw(data), p)))
 
 
 # ---- regressions: what the fuzz found ------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Hypothesis fuzz of the Horovod facade (``ringlet.torch``) on the in-process transport, world sizes 1 to
 6: every op kind and form, names, dtypes, views, NaN and infinities, and ranks calling with different
-arguments (see :mod:`fuzz_hvd`). Every rank returns the reference or raises a clear exception; no hang."""
+arguments (see :mod:`fuzz_hvd`). Every rank returns the reference or raises a clear exception; no hang. A smoke budget runs by
+default, the full one is marked ``slow``."""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,8 @@ import os
 import pytest
 import torch
 from fuzz_hvd import HCall, HCase, draw_hcase, hvd_judge, hvd_rank_body
-from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_settings, run_ranks, usable
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from fuzz_world import CLEAN_TIMEOUT, OP_TIMEOUT, HypothesisDraw, fuzz_grid, run_fuzz, run_ranks, usable
+from hypothesis import assume
 
 import ringlet.torch as hvd
 
@@ -49,18 +49,14 @@ def check_hcase(case: HCase) -> None:
     assert not problems, f"{case}\n" + "\n".join(problems) + f"\noutcomes: {outcomes}"
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 5])
-@fuzz_settings(40)
-@given(data=st.data())
-def test_clean_ops_match_reference(p, data):
-    check_hcase(draw_hcase(HypothesisDraw(data), p, faults=False))
+@pytest.mark.parametrize("p,examples", fuzz_grid({3: 8}, {p: 40 for p in (1, 2, 3, 5)}))
+def test_clean_ops_match_reference(p, examples):
+    run_fuzz(examples, lambda data: check_hcase(draw_hcase(HypothesisDraw(data), p, faults=False)))
 
 
-@pytest.mark.parametrize("p", [2, 3, 4, 6])
-@fuzz_settings(30)
-@given(data=st.data())
-def test_any_ops_reference_or_clear_error(p, data):
-    check_hcase(draw_hcase(HypothesisDraw(data), p))
+@pytest.mark.parametrize("p,examples", fuzz_grid({2: 6, 4: 6}, {p: 30 for p in (2, 3, 4, 6)}))
+def test_any_ops_reference_or_clear_error(p, examples):
+    run_fuzz(examples, lambda data: check_hcase(draw_hcase(HypothesisDraw(data), p)))
 
 
 # ---- regressions: what the fuzz found ------------------------------------------------------------------

@@ -5,19 +5,13 @@ path and execution thread, for 2 and 3 ranks. The real-process runs are in tests
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import hvd_cases_coord
+import hvd_cases_join
+import hvd_cases_ops
+import hvd_cases_optim
+import hvd_cases_training
 import pytest
-
 from hvd_world import hvd_world
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "multiproc"))
-import hvd_cases_coord  # noqa: E402
-import hvd_cases_join  # noqa: E402
-import hvd_cases_ops  # noqa: E402
-import hvd_cases_optim  # noqa: E402
-import hvd_cases_training  # noqa: E402
 
 # warnings.catch_warnings is process-wide, so a case that counts warnings cannot run as threads.
 THREAD_UNSAFE = {"optimizer_misuse_then_recovery", "average_and_op_errors_then_next_op",

@@ -1,7 +1,7 @@
 """The coordinator's parts: cache positions, this rank's bit vector, the execution queue, shutdown
 draining agreed ops, a failure on the execution thread (one rank or all) reaching every rank as
 ``HorovodInternalError``, the stall warning for a cached name (ranks as threads). The bit-vector path
-and the overlap of execution with negotiation are cases of ``tests/multiproc/hvd_cases_coord.py``
+and the overlap of execution with negotiation are cases of ``tests/workers/hvd_cases_coord.py``
 (threads: test_hvd_cases_inproc.py; processes: test_hvd_ops.py)."""
 from __future__ import annotations
 

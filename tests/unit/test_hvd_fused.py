@@ -2,7 +2,7 @@
 threads: buffers per wire dtype, join() with uneven steps on 1-4 ranks, join() with two live optimizers
 stepped in turn, and the name-matched path chosen by RINGLET_HVD_GRADIENTS=named.
 
-Real processes: tests/multiproc/hvd_cases_fused.py.
+Real processes: tests/workers/hvd_cases_fused.py.
 """
 from __future__ import annotations
 

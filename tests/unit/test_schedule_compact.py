@@ -28,9 +28,14 @@ def test_builders_emit_the_frozen_schedules(family, digests):
     assert digests[family] == FROZEN[family], f"{family}: the transfers differ from the frozen output"
 
 
+# Every frozen world size up to 9, a power of two and one beyond 16 peers (the vectorised overlap
+# queries); 12 and 24 add nothing those do not, and cost more than all the small ones together.
+PLAN_CHECKED = tuple(p for p in schedule_cases.PLAN_WORLDS if p not in (12, 24))
+
+
 @pytest.mark.parametrize("algo", sorted(algorithms.ALLREDUCE))
 def test_executor_compiles_the_frozen_plans(algo):
-    for p in schedule_cases.PLAN_WORLDS:
+    for p in PLAN_CHECKED:
         key = f"plan {algo} p={p}"
         assert schedule_cases.plan_digest(algo, p) == FROZEN[key], key
 

@@ -1,6 +1,6 @@
 """One rank of the compressed all-reduce's real-process tests:
 
-    ringlet run -np N --transport T -- python tests/multiproc/compressed_worker.py OUT.json core|training
+    ringlet run -np N --transport T -- python tests/workers/compressed_worker.py OUT.json core|training
 
 ``core``: ``ringlet.allreduce(..., compression=...)`` for every strategy (none, fp16, bf16, fp16 re-quantised
 per hop, a test-only top-k, a test-only custom schedule) x sizes x sum/average against the reference of
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # the test-only compressors
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # the reference of test_compressed_allreduce
 
 import ringlet  # noqa: E402
 from ringlet.compression import BF16, FP16, NONE  # noqa: E402

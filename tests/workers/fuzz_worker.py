@@ -1,8 +1,8 @@
 """One rank of the real-process fuzz:
 
-    ringlet run -np N --transport T -- python tests/multiproc/fuzz_worker.py OUT SEED FIRST COUNT
+    ringlet run -np N --transport T -- python tests/workers/fuzz_worker.py OUT SEED FIRST COUNT
 
-Every rank draws the same cases ``FIRST`` to ``FIRST + COUNT - 1`` from ``SEED`` (tests/unit/fuzz_cases.py and fuzz_hvd.py,
+Every rank draws the same cases ``FIRST`` to ``FIRST + COUNT - 1`` from ``SEED`` (tests/workers/fuzz_cases.py and fuzz_hvd.py,
 through ``random.Random``): core-API cases, and every third case one of the Horovod facade. Cases with
 faults make some ranks differ on purpose (another shape, dtype, op, root, algorithm, name or collective,
 a local argument error, sitting out). Each rank runs each case, judges its own outcome against the
@@ -22,13 +22,12 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from fuzz_cases import RandomDraw, draw_case  # noqa: E402
-from fuzz_hvd import draw_hcase, hvd_judge, hvd_rank_body  # noqa: E402
-from fuzz_run import judge, rank_body  # noqa: E402
+from fuzz_cases import RandomDraw, draw_case
+from fuzz_hvd import draw_hcase, hvd_judge, hvd_rank_body
+from fuzz_run import judge, rank_body
 
-import ringlet  # noqa: E402
-import ringlet.torch as hvd  # noqa: E402
+import ringlet
+import ringlet.torch as hvd
 
 
 def run_case(i: int, seed: int, rank: int, world: int, partial: bool) -> dict:

@@ -1,6 +1,6 @@
 """One rank of the DDP / comm-hook equivalence job:
 
-    ringlet run -np N --transport torch -- python tests/multiproc/ddp_worker.py OUT.json
+    ringlet run -np N --transport torch -- python tests/workers/ddp_worker.py OUT.json
 
 Every rank runs the same cases in order and writes ``OUT.json.rank<r>`` with passed/failed cases and a
 few numbers. References are computed by every rank itself: the same seeded model trained in one

@@ -1,7 +1,7 @@
 """Every schedule builder over small worlds and awkward counts, with a digest of what it emits: the
 frozen output of the tuple-of-``Transfer`` builders that the array builders must reproduce exactly.
 
-``python tests/unit/schedule_cases.py`` rewrites ``data/schedule_digests.json`` from the builders in
+``python tests/workers/schedule_cases.py`` rewrites ``data/schedule_digests.json`` from the builders in
 the ``ringlet`` on the path (run it only to record a deliberate change of a schedule).
 """
 from __future__ import annotations

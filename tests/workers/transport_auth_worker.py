@@ -1,7 +1,7 @@
 """One rank of a job whose Gloo endpoints are probed (``RINGLET_JOB_SECRET`` set by the test):
 
-    ringlet run -np N --transport torch -- python tests/multiproc/transport_auth_worker.py strangers OUT
-    ringlet run -np N --transport torch -- python tests/multiproc/transport_auth_worker.py bad_secret OUT R
+    ringlet run -np N --transport torch -- python tests/workers/transport_auth_worker.py strangers OUT
+    ringlet run -np N --transport torch -- python tests/workers/transport_auth_worker.py bad_secret OUT R
 
 ``strangers``: after ``ringlet.init()`` and a sub-group of ranks 0 and 1 (a second Gloo group), each rank
 writes the Gloo listeners it watches to ``OUT.listeners<r>`` and waits for ``OUT.go`` (the test's

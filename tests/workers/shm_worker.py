@@ -1,4 +1,4 @@
-"""One rank of a shared-memory transport test: ``python _shm_worker.py SCENARIO RANK SIZE STORE_FILE``.
+"""One rank of a shared-memory transport test: ``python shm_worker.py SCENARIO RANK SIZE STORE_FILE``.
 
 Bootstraps a :class:`ShmTransport` through a ``FileStore`` and prints one JSON line with its results.
 Scenarios are plain functions below; ``test_shm_transport.py`` launches them and checks the lines.

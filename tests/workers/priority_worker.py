@@ -1,8 +1,8 @@
 """One rank of the priority-scheduling job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/priority_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/priority_worker.py OUT.json
 
-The models and loops are those of tests/unit/prio_models.py. Cases, in order (the last initialises
+The models and loops are those of tests/workers/prio_models.py. Cases, in order (the last initialises
 ``ringlet.torch``):
 
 * ``sgd_momentum``, ``adam``: five steps of first-in-first-out DDP, of ``priority=Priority(200 bytes)``
@@ -22,7 +22,6 @@ The models and loops are those of tests/unit/prio_models.py. Cases, in order (th
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
@@ -30,12 +29,11 @@ import torch
 import torch.nn.functional as F
 from case_harness import check, identical_across_ranks, model_state, worker_main
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from prio_models import SMALL, data, make_model, make_optimizer, overlapped, train  # noqa: E402
+from prio_models import SMALL, data, make_model, make_optimizer, overlapped, train
 
-from ringlet import timeline  # noqa: E402
-from ringlet.torch.training import DistributedDataParallel, Priority  # noqa: E402
-from ringlet.torch.training.forward_overlap import forward_overlap  # noqa: E402
+from ringlet import timeline
+from ringlet.torch.training import DistributedDataParallel, Priority
+from ringlet.torch.training.forward_overlap import forward_overlap
 
 TOL = 1e-6
 

@@ -1,6 +1,6 @@
 """One rank of the synchronise-less-often job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/local_sgd_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/local_sgd_worker.py OUT.json
 
 Cases, in order (the last initialises ``ringlet.torch``, so its coordinator carries the collectives):
 

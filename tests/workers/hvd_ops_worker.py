@@ -1,6 +1,6 @@
 """One rank of the ringlet.torch op job (real processes):
 
-    ringlet run -np N --transport T -- python tests/multiproc/hvd_ops_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/hvd_ops_worker.py OUT.json
 
 Runs every case below in the same order on every rank, on integer-valued data that every rank can
 regenerate for every other rank, then the phases that need a fresh ``init``: fusion disabled (results

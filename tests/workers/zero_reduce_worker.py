@@ -1,8 +1,8 @@
 """One rank of the ZeRO reducers' job (4 ranks):
 
-    ringlet run -np 4 --transport T -- python tests/multiproc/zero_reduce_worker.py OUT.json
+    ringlet run -np 4 --transport T -- python tests/workers/zero_reduce_worker.py OUT.json
 
-Cases, in order (inputs and references from tests/unit/zero_reduce_cases.py: every rank can make every
+Cases, in order (inputs and references from tests/workers/zero_reduce_cases.py: every rank can make every
 rank's bucket, so each checks its block against the exact average):
 
 * ``compressed_lossless``: ``CompressedReducer`` with ``none``: the exact average, for float32, float16,
@@ -20,20 +20,18 @@ rank's bucket, so each checks its block against the exact average):
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 from case_harness import check, identical_across_ranks, worker_main
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from zero_reduce_cases import DTYPES, average, block_of, bucket, counts_of  # noqa: E402
+from zero_reduce_cases import DTYPES, average, block_of, bucket, counts_of
 
-import ringlet  # noqa: E402
-from ringlet.torch.comm import Comm  # noqa: E402
-from ringlet.torch.name_matched import NAME_MATCHED  # noqa: E402
-from ringlet.torch.training.zero.reduce_compressed import CompressedReducer  # noqa: E402
-from ringlet.torch.training.zero.reduce_hierarchical import HierarchicalReducer  # noqa: E402
+import ringlet
+from ringlet.torch.comm import Comm
+from ringlet.torch.name_matched import NAME_MATCHED
+from ringlet.torch.training.zero.reduce_compressed import CompressedReducer
+from ringlet.torch.training.zero.reduce_hierarchical import HierarchicalReducer
 
 HOSTS = (0, 0, 1, 1)
 BOUND = {"fp16": 2.0 ** -11, "int8+ef": 1 / 254, "topk:0.1+ef": 1.0}

@@ -1,7 +1,7 @@
 """Small compressors for tests only, one per strategy the built-in ones do not exercise: a top-k-like
 sparse one (``reduces_by="gather"``), a custom one with its own schedule of all-reduces
 (``reduces_by="custom"``), and an error-feedback wrapper that checks its per-input state lines up.
-Also imported by the multi-process workers (they put this directory on ``sys.path``)."""
+Also imported by the multi-process workers (they sit beside it in tests/workers)."""
 from __future__ import annotations
 
 import math

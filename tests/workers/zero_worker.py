@@ -1,8 +1,8 @@
 """One rank of the ZeroOptimizer job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/zero_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/zero_worker.py OUT.json
 
-The models, data and loops are those of tests/unit/zero_cases.py. Cases, in order:
+The models, data and loops are those of tests/workers/zero_cases.py. Cases, in order:
 
 * ``equivalence``: stages 1 and 2 × Adam and SGD with momentum × one or two backwards per step: after four
   steps the parameters equal a plain model trained in this process on the concatenated batch (1e-6), and
@@ -21,18 +21,16 @@ The models, data and loops are those of tests/unit/zero_cases.py. Cases, in orde
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from case_harness import check, identical_across_ranks, worker_main
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from zero_cases import (OPTIMIZERS, Config, batch, flat_params, make_model, max_diff,  # noqa: E402
+from zero_cases import (OPTIMIZERS, Config, batch, flat_params, make_model, max_diff,
                         scaler_run, train_plain, train_zero)
 
-from ringlet.torch.training import DistributedDataParallel  # noqa: E402
+from ringlet.torch.training import DistributedDataParallel
 
 TOL = 1e-6
 

@@ -1,5 +1,5 @@
 """Models, data and training loops shared by the ZeroOptimizer tests (in-process ``test_zero_optimizer*.py``
-and the real-process ``tests/multiproc/zero_worker.py``): ZeRO training on every rank against a plain model
+and the real-process ``tests/workers/zero_worker.py``): ZeRO training on every rank against a plain model
 trained in one process on the concatenated batch (the same gradient: every rank's loss is a mean over
 equally many rows)."""
 from __future__ import annotations

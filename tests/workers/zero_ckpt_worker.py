@@ -1,6 +1,6 @@
-"""One rank of a ZeRO checkpoint job, with the reference sharder of tests/unit/zero_fake.py:
+"""One rank of a ZeRO checkpoint job, with the reference sharder of tests/workers/zero_fake.py:
 
-    ringlet run -np N --transport T -- python tests/multiproc/zero_ckpt_worker.py OUT ACTION DIR
+    ringlet run -np N --transport T -- python tests/workers/zero_ckpt_worker.py OUT ACTION DIR
 
 ``first``: three steps of the unsharded model, sharded over N ranks, two steps, an asynchronous save of
 ``DIR/step-5`` while three more steps run, then a synchronous save of ``DIR/ref-8``;
@@ -24,12 +24,11 @@ import time
 import torch
 from case_harness import check, run_cases
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from zero_ckpt_models import sharded  # noqa: E402
+from zero_ckpt_models import sharded
 
-import ringlet  # noqa: E402
-from ringlet.torch.training.zero import checkpoint as zckpt  # noqa: E402
-from ringlet.torch.training.zero.checkpoint import AtomicWriter, SaveOptions  # noqa: E402
+import ringlet
+from ringlet.torch.training.zero import checkpoint as zckpt
+from ringlet.torch.training.zero.checkpoint import AtomicWriter, SaveOptions
 
 
 class SlowWriter(AtomicWriter):

@@ -1,7 +1,7 @@
 """Error behaviour with real processes, one rank of a job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/errors_worker.py checks OUT.json
-    ringlet run -np N --transport T -- python tests/multiproc/errors_worker.py exit OUT.json
+    ringlet run -np N --transport T -- python tests/workers/errors_worker.py checks OUT.json
+    ringlet run -np N --transport T -- python tests/workers/errors_worker.py exit OUT.json
 
 ``checks``: the launcher's environment (RINGLET_*/HOROVOD_* per rank agree with what the runtime
 derives from the hostname exchange), mismatched shapes / dtypes / ops across ranks raise

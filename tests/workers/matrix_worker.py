@@ -1,17 +1,18 @@
 """One rank of the collective matrix, run inside a real job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/matrix_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/matrix_worker.py OUT.json
 
 Every rank runs the same cases in the same order, computes the expected result itself with
 :mod:`ringlet.algorithms.reference` (all inputs are integer-valued and derived from a seed, so every
 rank can generate every other rank's input) and writes ``OUT.json.rank<r>`` with its counts and the
 failing/skipped cases. The pytest side asserts that no rank failed anything.
 
-The matrix: every all-reduce algorithm (``native`` may be unavailable for a dtype/transport: skipped)
-x counts 1, 2, 7, 1023 x every dtype x every op, plus count 0 (which never reaches an algorithm) x
-float32/int8; at 2^20+3 every algorithm x float32/int64 x sum;
-then broadcast from every root, reduce, ragged allgather, reduce_scatter, alltoall with splits,
-barrier, sub-group collectives and asynchronous handles.
+Each concern is covered once. Schedules: every all-reduce algorithm x counts 0, 1, 2, 7, 1023 and
+2^20+3 with one dtype and op. Reductions and the transport's handling of every element size: every
+dtype x every op through one scheduled algorithm and through the transport's native all-reduce
+(``native`` may be unavailable for a dtype/transport: skipped). Then broadcast from every root (every
+dtype from one), reduce to every root (every op and dtype at one), ragged allgather, reduce_scatter,
+alltoall with splits, barrier, sub-group collectives and asynchronous handles.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from envcheck import env_checks  # noqa: E402 - sibling module; workers run as s
 # Count 0 returns before any schedule or backend call, so it runs per algorithm once, not per dtype x op.
 SMALL_COUNTS = (1, 2, 7, 1023)
 BIG_COUNT = (1 << 20) + 3
-BIG_DTYPES = (torch.float32, torch.int64)
+REDUCTION_ALGOS = ("ring", NATIVE)  # every dtype x op: one scheduled algorithm and the transport's own
 OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 MAX_ERRORS = 5  # exceptions (not wrong values) after which ranks are likely out of step: stop early
 
@@ -132,11 +133,9 @@ def allreduce_case(run: Runner, algo: str, dtype, op: ReduceOp, shape, *, inplac
 
 def section_allreduce(run: Runner) -> None:
     for algo in allreduce_names():
-        for dtype in SUPPORTED_DTYPES:
-            for op in OPS:
-                for n in SMALL_COUNTS:
-                    run.case(f"allreduce {algo} {dtype} {op.name} n={n}",
-                             lambda: allreduce_case(run, algo, dtype, op, (n,)))
+        for n in SMALL_COUNTS:
+            run.case(f"allreduce {algo} float32 SUM n={n}",
+                     lambda: allreduce_case(run, algo, torch.float32, ReduceOp.SUM, (n,)))
         for dtype in (torch.float32, torch.int8):
             run.case(f"allreduce {algo} {dtype} SUM n=0", lambda: allreduce_case(run, algo, dtype, ReduceOp.SUM, (0,)))
         run.case(f"allreduce {algo} float32 SUM shape=(3,5,7)",
@@ -147,11 +146,21 @@ def section_allreduce(run: Runner) -> None:
                  lambda: allreduce_case(run, algo, torch.float64, ReduceOp.AVG, (7,), pre=2.0, post=0.5))
 
 
+def section_allreduce_dtypes(run: Runner) -> None:
+    for algo in REDUCTION_ALGOS:
+        for dtype in SUPPORTED_DTYPES:
+            for op in OPS:
+                for n in (7, 1023):
+                    run.case(f"allreduce {algo} {dtype} {op.name} n={n}",
+                             lambda: allreduce_case(run, algo, dtype, op, (n,)))
+
+
 def section_allreduce_big(run: Runner) -> None:
     for algo in allreduce_names():
-        for dtype in BIG_DTYPES:
-            run.case(f"allreduce {algo} {dtype} SUM n={BIG_COUNT}",
-                     lambda: allreduce_case(run, algo, dtype, ReduceOp.SUM, (BIG_COUNT,)))
+        run.case(f"allreduce {algo} float32 SUM n={BIG_COUNT}",
+                 lambda: allreduce_case(run, algo, torch.float32, ReduceOp.SUM, (BIG_COUNT,)))
+    run.case(f"allreduce ring int64 SUM n={BIG_COUNT}",
+             lambda: allreduce_case(run, "ring", torch.int64, ReduceOp.SUM, (BIG_COUNT,)))
 
 
 # ---- broadcast and reduce ----------------------------------------------------------------------------
@@ -170,9 +179,9 @@ def broadcast_case(run: Runner, root: int, dtype, shape, inplace=False):
 
 
 def section_broadcast(run: Runner) -> None:
+    for dtype in SUPPORTED_DTYPES:
+        run.case(f"broadcast root={run.size - 1} {dtype} n=7", lambda: broadcast_case(run, run.size - 1, dtype, (7,)))
     for root in range(run.size):
-        for dtype in SUPPORTED_DTYPES:
-            run.case(f"broadcast root={root} {dtype} n=7", lambda: broadcast_case(run, root, dtype, (7,)))
         for n in (0, 1, 1023):
             run.case(f"broadcast root={root} float32 n={n}", lambda: broadcast_case(run, root, torch.float32, (n,)))
         run.case(f"broadcast_ (in place) root={root} int64 shape=(4,9)",
@@ -194,11 +203,12 @@ def reduce_case(run: Runner, root: int, dtype, op: ReduceOp, shape):
 
 def section_reduce(run: Runner) -> None:
     for root in range(run.size):
-        for op in OPS:
-            for dtype in (torch.float32, torch.int32):
-                for n in (1, 1023):
-                    run.case(f"reduce root={root} {dtype} {op.name} n={n}",
-                             lambda: reduce_case(run, root, dtype, op, (n,)))
+        for n in (1, 1023):
+            run.case(f"reduce root={root} float32 SUM n={n}", lambda: reduce_case(run, root, torch.float32, ReduceOp.SUM, (n,)))
+    for op in OPS:
+        for dtype in (torch.float32, torch.int32):
+            run.case(f"reduce root={run.size - 1} {dtype} {op.name} n=1023",
+                     lambda: reduce_case(run, run.size - 1, dtype, op, (1023,)))
     for dtype in SUPPORTED_DTYPES:
         run.case(f"reduce root=0 {dtype} SUM n=7", lambda: reduce_case(run, 0, dtype, ReduceOp.SUM, (7,)))
 
@@ -239,10 +249,12 @@ def reduce_scatter_case(run: Runner, dtype, op: ReduceOp, shape):
 def section_reduce_scatter(run: Runner) -> None:
     p = run.size
     for rows in (1, p, 2 * p + 1, 1023):
-        for op in OPS:
-            for dtype in (torch.float32, torch.int64, torch.bfloat16):
-                run.case(f"reduce_scatter rows={rows} x 3 {dtype} {op.name}",
-                         lambda: reduce_scatter_case(run, dtype, op, (rows, 3)))
+        run.case(f"reduce_scatter rows={rows} x 3 float32 SUM",
+                 lambda: reduce_scatter_case(run, torch.float32, ReduceOp.SUM, (rows, 3)))
+    for op in OPS:
+        for dtype in (torch.int64, torch.bfloat16):
+            run.case(f"reduce_scatter rows={2 * p + 1} x 3 {dtype} {op.name}",
+                     lambda: reduce_scatter_case(run, dtype, op, (2 * p + 1, 3)))
     run.case("reduce_scatter 1-D float32 n=2^20+3",
              lambda: reduce_scatter_case(run, torch.float32, ReduceOp.SUM, (BIG_COUNT,)))
 
@@ -402,6 +414,7 @@ def section_env(run: Runner) -> None:
 SECTIONS = (
     ("env", section_env),
     ("allreduce", section_allreduce),
+    ("allreduce_dtypes", section_allreduce_dtypes),
     ("allreduce_big", section_allreduce_big),
     ("broadcast", section_broadcast),
     ("reduce", section_reduce),

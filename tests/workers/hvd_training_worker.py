@@ -1,6 +1,6 @@
 """One rank of the Horovod-API training job, run inside a real job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/hvd_training_worker.py OUT.json [MODULE ...]
+    ringlet run -np N --transport T -- python tests/workers/hvd_training_worker.py OUT.json [MODULE ...]
 
 Every rank runs the same cases in the same order (from ``hvd_cases_training`` and ``hvd_cases_ops``) and
 rewrites ``OUT.json.rank<r>`` after each case, so a job killed by its timeout still shows how far each

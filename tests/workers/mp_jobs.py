@@ -1,5 +1,6 @@
-"""Helpers for the multiproc tests: launch real jobs with ``ringlet run`` (imported as ``mp_jobs``; the
-tests directory is on sys.path because it has no __init__.py).
+"""Helpers for the multiproc tests: launch real jobs with ``ringlet run`` (imported as ``mp_jobs``;
+tests/workers is on sys.path through pyproject's ``pythonpath``, and :func:`worker` names the scripts
+in it).
 
 Every job runs in its own session with a hard timeout; on timeout the whole process tree (launcher,
 elastic agent or mpiexec, shims, ranks) is killed so nothing can outlive the test or hang CI.
@@ -111,6 +112,12 @@ def load_rank_files(out: Path, world: int) -> list[dict]:
 def transport_params():
     return [pytest.param("torch", id="torch"), pytest.param("mpi", id="mpi", marks=pytest.mark.mpi),
             pytest.param("shm", id="shm")]
+
+
+def transport_world_params(*pairs: tuple[str, int]) -> list:
+    """``(transport, world)`` parameters for a job test: a few representative pairs (each transport and
+    each world size at least once) rather than every product; mpi's carry the ``mpi`` mark."""
+    return [pytest.param(t, w, id=f"{t}-{w}", marks=[pytest.mark.mpi] if t == "mpi" else []) for t, w in pairs]
 
 
 def job_report(job: Job) -> str:

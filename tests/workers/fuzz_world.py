@@ -2,8 +2,10 @@
 world of ranks as threads whose every run is bounded (a rank still running at the bound fails the test
 as a hang).
 
-``RINGLET_FUZZ_EXAMPLES`` multiplies the default number of examples of every fuzz test (a long
-campaign: ``RINGLET_FUZZ_EXAMPLES=10``); ``RINGLET_FUZZ_TIMEOUT`` is each collective's timeout in seconds
+Every fuzz test runs twice over: a smoke budget on a few world sizes in the default suite, and the
+full budget on every world size it names, marked ``slow`` (``make test-slow``; see :func:`fuzz_grid`).
+``RINGLET_FUZZ_EXAMPLES`` multiplies the number of examples of every fuzz test (a long campaign:
+``RINGLET_FUZZ_EXAMPLES=10``); ``RINGLET_FUZZ_TIMEOUT`` is each collective's timeout in seconds
 in cases with faults (default 2: cases where a rank sits out or fails locally end in the others'
 CollectiveTimeout). Clean cases, which must not time out, run with ``CLEAN_TIMEOUT`` (30 s), so that a
 loaded machine cannot fail them.
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from fuzz_cases import Draw
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ringlet
@@ -31,6 +34,24 @@ def fuzz_settings(examples: int):
     """Hypothesis settings of a fuzz test: ``examples`` times ``RINGLET_FUZZ_EXAMPLES``, no deadline."""
     return settings(max_examples=examples * SCALE, deadline=None, derandomize=SCALE == 1, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def fuzz_grid(smoke: dict[int, int], full: dict[int, int]) -> list:
+    """``(p, examples)`` parameters of a fuzz test: ``smoke`` (world size -> examples) in the default
+    suite, ``full`` marked ``slow``."""
+    return ([pytest.param(p, n, id=f"{p}-smoke") for p, n in smoke.items()]
+            + [pytest.param(p, n, id=f"{p}-full", marks=pytest.mark.slow) for p, n in full.items()])
+
+
+def run_fuzz(examples: int, body) -> None:
+    """Run ``body(data)`` as a hypothesis property with ``examples`` examples (:func:`fuzz_settings`)."""
+
+    @fuzz_settings(examples)
+    @given(data=st.data())
+    def prop(data):
+        body(data)
+
+    prop()
 
 
 class HypothesisDraw(Draw):

@@ -1,6 +1,6 @@
 """One rank of the mixed-precision job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/amp_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/amp_worker.py OUT.json
 
 Cases, in order (the last initialises ``ringlet.torch``, so its coordinator carries the collectives):
 

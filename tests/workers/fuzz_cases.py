@@ -1,5 +1,5 @@
 """Fuzz cases for ringlet's core API (``ringlet.allreduce`` ... ``ringlet.barrier``, sub-groups), shared by
-the in-process fuzz (tests/unit/test_fuzz_core.py) and the real-process one (tests/multiproc/fuzz_worker.py).
+the in-process fuzz (tests/unit/test_fuzz_core.py) and the real-process one (tests/workers/fuzz_worker.py).
 
 A :class:`Case` holds every rank's arguments, drawn through a :class:`Draw` (hypothesis' ``data`` in the
 unit tests, a ``random.Random`` of a seed shared by the ranks in the real-process job), so every rank

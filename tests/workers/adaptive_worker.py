@@ -1,6 +1,6 @@
 """One rank of the dynamic-adjustment job:
 
-    ringlet run -np N --transport T -- python tests/multiproc/adaptive_worker.py OUT.json
+    ringlet run -np N --transport T -- python tests/workers/adaptive_worker.py OUT.json
 
 A cost model (10 Gbit/s, 50 us) is installed and corrected by the measured all-reduces; buckets of at most
 8 KB are offered one size, 1 MiB (one bucket for the whole model: a latency each saved), so a bucket
