@@ -17,7 +17,7 @@ Every ``--sample-every`` steps each rank waits for its handles and records its r
 ``/proc/self/status``) and the number of objects the garbage collector tracks. Each rank writes
 ``OUT.rankR``; rank 0 then merges them into ``OUT`` and prints the summary of :mod:`soak_summary`
 (its verdict against the pass criteria). Exit status 0 when every check passed, 1 otherwise. glibc's
-``M_MMAP_THRESHOLD`` is fixed at ``--mmap-threshold`` (docs/soak.md says why).
+``M_MMAP_THRESHOLD`` is fixed at ``--mmap-threshold`` (docs/testing.md, "The soak", says why).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ collective, when lazily started threads may not exist yet).
 
 The shared-memory part of the resident size is reported, not judged: it is the shm transport's rings,
 allocated in full in ``/dev/shm`` when the job starts and counted in a process's resident size page by
-page as the rings are first written (docs/soak.md).
+page as the rings are first written (docs/testing.md, "The soak").
 """
 from __future__ import annotations
 

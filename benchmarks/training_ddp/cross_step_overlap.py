@@ -17,7 +17,7 @@ gradients averaged in two buckets, like DDP: the fully connected layers' 8.4 MB,
   ``step`` and the next forward.
 
 The feature this prototype measured is now ringlet's DDP with ``priority=ringlet.torch.Priority(...)`` and
-``ddp.overlap_optimizer(optimizer)`` (docs/ddp.md), paired against first-in-first-out by the
+``ddp.overlap_optimizer(optimizer)`` (docs/training.md), paired against first-in-first-out by the
 ``ringlet:priority`` arms of ``benchmarks/training_ddp/paired_ddp.py``; this script stays as the record of the
 hand-made measurement.
 

@@ -4,7 +4,7 @@
 the tensors a training step frees and allocates again keep their pages. glibc then never gives back free
 memory inside its heaps by itself: with tensors of varying sizes (a soak, variable-length batches) the
 pages a rank has ever touched stay resident, and its resident memory creeps towards the high-water mark
-of everything it has done (docs/soak.md). A :class:`HeapDecay` thread gives back what has *stayed* free:
+of everything it has done (docs/testing.md, "The soak"). A :class:`HeapDecay` thread gives back what has *stayed* free:
 
 * it samples the heap's free bytes (glibc's ``mallinfo2``) ``SAMPLES`` times per ``interval``;
 * at the end of an interval whose smallest sample is at least ``floor`` bytes, memory has been free

@@ -50,7 +50,7 @@ def _grid() -> list:
 @pytest.mark.parametrize("transport,world,count", _grid())
 def test_fuzz_real_processes(transport, world, count, tmp_path):
     """The cases run in jobs of ``CHUNK``: a core case with faults or a sub-group makes one group, a
-    Horovod case (every third) two, and group ids share 5 bits of the message tags (docs/fuzzing.md),
+    Horovod case (every third) two, and group ids share 5 bits of the message tags (docs/testing.md),
     so one job must not make 32."""
     require_transport(transport)
     seed = SEED * 10 + world

@@ -2,7 +2,7 @@
 collectives on 4 ranks (every collective, blocking and ``_async`` forms with handles outstanding, in-place
 forms, four groups, every all-reduce algorithm and ``auto``, sizes up to 256 KiB). Every result must equal
 the soak's reference and, after the first sample, descriptors and threads must stay constant. Memory
-growth is judged by the full soak only (a run this short is all warm-up); see docs/soak.md."""
+growth is judged by the full soak only (a run this short is all warm-up); see docs/testing.md ("The soak")."""
 from __future__ import annotations
 
 import json

@@ -165,7 +165,7 @@ def test_small_segments_give_zero_where_the_links_explain_them():
 
 
 def test_fit_keeps_kappa_from_a_real_one_rank_per_host_calibration():
-    # `ringlet tune` on 4 x 1 at 10 Gbit/s (session 25, attempt 12): the ring and halving-doubling in
+    # A real `ringlet tune` on 4 x 1 at 10 Gbit/s: the ring and halving-doubling in
     # 4 MiB segments measured 51.2 and 55.8 ms, the ring in 512 KiB segments 67.3 ms, against 48.1, 46.7
     # and 51.0 predicted without kappa. The segmented call runs a third over: its messages' price is
     # on the bytes' path.
@@ -184,7 +184,7 @@ def test_fit_keeps_kappa_from_a_real_one_rank_per_host_calibration():
 
 
 def test_fit_keeps_kappa_where_it_explains_a_real_calibration():
-    # `ringlet tune` on 2 x 2 at 10 Gbit/s over 2 shared cores (session 23): the ring measured 1.37x its
+    # A real `ringlet tune` on 2 x 2 at 10 Gbit/s over 2 shared cores: the ring measured 1.37x its
     # prediction without kappa, halving-doubling 1.03x. A common factor fits them with 1.7x kappa's
     # squared error; kappa is kept all the same, because this layout lets it tell the calls apart.
     net = Network({INTER: LinkCost(2.059e-4, 1.0567e-9), INTRA: LinkCost(1.790e-4, 1.0586e-9)},

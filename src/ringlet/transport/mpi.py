@@ -169,7 +169,7 @@ class MPITransport(PostingTransport):
     # Small all-reduces by recursive doubling with the records in band: one exchange where the native
     # path needs a digest round and then the data round. MPICH over TCP moves 4-32 MiB messages that
     # cross between a pair at about half the link's rate, 1 MiB ones at full rate (docs/design.md,
-    # "Measured facts behind defaults").
+    # "Why the defaults are what they are").
     capabilities = Capabilities(native_small=True, native_digest=True, small_path="p2p", small_bytes=64 << 10,
                                 max_segment_bytes=1 << 20, partial_receive=True, group_setup=True)
 

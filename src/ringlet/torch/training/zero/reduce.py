@@ -17,7 +17,7 @@ Both run on ringlet's core queue in submission order: every rank must call them 
 the same order. :class:`Reducer` itself shards over the whole data-parallel group and sends buffers as
 they are; :class:`~ringlet.torch.training.zero.reduce_compressed.CompressedReducer` sends the gradients'
 blocks compressed, and :class:`~ringlet.torch.training.zero.reduce_hierarchical.HierarchicalReducer`
-shards within a host and replicates across hosts (docs/zero_reduce.md).
+shards within a host and replicates across hosts (docs/zero.md, "Reducers: how the buckets travel").
 """
 from __future__ import annotations
 
