@@ -374,10 +374,12 @@ def _ringlet_details(model, size: int) -> str:
 
 def _hvd_details(opt, size: int) -> str:
     """The sufficient factors of a Horovod-style arm: the weights factored, the trial's outcome."""
-    f = getattr(getattr(opt, "_ordered", None), "factors", None)
+    ordered = getattr(opt, "_ordered", None)
+    f = getattr(ordered, "factors", None)
     if f is None:
         return ", sufficient factors off"
-    line = f", weights from factors {sorted(x.name for x in f.chosen.values())} (dense fallbacks {f.fallbacks})"
+    line = (f", weights from factors {sorted(x.name for x in f.chosen.values())} "
+            f"(dense fallbacks {ordered.ctx.fallbacks})")
     if f.decision is not None:
         per_rank = {k: round(v / size * 1e3, 1) for k, v in f.decision.times.items()}
         line += f", trial chose {f.decision.choice} (median step ms per candidate {per_rank})"
