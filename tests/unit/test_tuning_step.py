@@ -7,6 +7,10 @@ def test_candidates():
     assert TrialPlan("auto", 4, timing=True, factors=True).candidates() == ("auto", "direct", "auto+factors")
     assert TrialPlan("auto", 2, timing=True, factors=True).candidates() == ("auto", "auto+factors")
     assert TrialPlan("auto", 9, timing=True, factors=False).candidates() == ("auto",)
+    assert TrialPlan("auto", 4, timing=True, factors=True, native=True).candidates() == (
+        "auto", "direct", "native", "auto+factors")
+    assert TrialPlan("auto", 2, timing=True, factors=False, native=True).candidates() == ("auto", "native")
+    assert TrialPlan("ring", 4, timing=True, factors=False, native=True).candidates() == ("ring",)
     assert TrialPlan("ring", 4, timing=True, factors=True).candidates() == ("ring", "ring+factors")
     assert TrialPlan("auto", 4, timing=False, factors=True).candidates() == ("auto",)
     forced = TrialPlan("auto", 4, timing=True, factors=False, resolve=lambda a: "direct")

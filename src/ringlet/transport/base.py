@@ -114,7 +114,10 @@ class Capabilities:
     that move large messages exchanged both ways between two ranks at a fraction of the link's rate.
     ``partial_receive``: :meth:`Transport.irecv_upto` exists (a receive that a shorter message completes).
     ``group_setup``: a new group needs a step of the backend (:meth:`Transport.on_new_group`), collective
-    over the world and queued like a collective."""
+    over the world and queued like a collective.
+    ``native_dtypes``: the dtypes the backend's own all-reduce (algorithm ``"native"``,
+    :meth:`Transport.native_allreduce`) takes for every op ringlet sends it; empty where the step tuner
+    should not try it (no native all-reduce, or one whose dtypes vary with the build)."""
 
     native_small: bool = False
     native_digest: bool = False
@@ -123,6 +126,7 @@ class Capabilities:
     max_segment_bytes: int | None = None
     partial_receive: bool = False
     group_setup: bool = False
+    native_dtypes: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if self.small_path not in SMALL_PATHS:

@@ -51,6 +51,7 @@ class TrialPlan:
     itemsize: int = 4
     alternatives: int = 2
     network: "Network | None" = None
+    native: bool = False
 
     def candidates(self) -> tuple[str, ...]:
         """The candidates, the static choice first. With a cost ``model`` (and the ``buckets``' sizes in
@@ -59,8 +60,9 @@ class TrialPlan:
         (:meth:`~ringlet.tuning.model.Model.top_algorithms`): the trial settles what the model cannot
         see, such as computation competing with communication (``network``: the constants to rank the
         alternatives with, instead of the model's). Without one, ``direct`` (it sends
-        p(p-1) messages per step) is tried on small groups only. An explicit or forced algorithm is the
-        user's choice."""
+        p(p-1) messages per step) is tried on small groups only. ``native``: the backend's own all-reduce
+        can take every bucket (compiled loops that cost less CPU than the schedules where ranks are
+        starved of it), so it is tried too. An explicit or forced algorithm is the user's choice."""
         base: tuple[str, ...] = (self.algorithm,)
         if self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto":
             if self.model is not None and self.buckets:
@@ -69,6 +71,8 @@ class TrialPlan:
                                                   self.network)
             elif 3 <= self.size <= 8:
                 base = ("auto", "direct")
+            if self.native:
+                base += ("native",)
         if self.timing and self.factors:
             base += (base[0] + FACTORS,)
         return base

@@ -203,7 +203,13 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         return TrialPlan(self.options.algorithm, self._size, self.options.tune,
                          self._factors.on_trial, lambda a: _core.resolve_algorithm(a, _core.runtime()),
                          model=model, buckets=sizes, host_of=group_hosts(self._comm) if model is not None else (),
-                         itemsize=self._params[0].element_size() if self._params else 4)
+                         itemsize=self._params[0].element_size() if self._params else 4, native=self._native_fits())
+
+    def _native_fits(self) -> bool:
+        """Whether the backend's own all-reduce takes every dense bucket (uncompressed, its dtypes)."""
+        native = _core.runtime().transport.capabilities.native_dtypes
+        return self.options.compression is None and bool(self._params) and all(
+            p.dtype in native for p in self._params)
 
     def _bucket_algorithm(self) -> str:
         """The algorithm the buckets request now: the step tuner's, until dynamic adjustment took over."""
