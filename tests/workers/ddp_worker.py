@@ -238,26 +238,34 @@ def case_rebuild_arrival_order(rank, world):
 
 
 def case_tuned_algorithm(rank, world):
-    """algorithm="auto" on 3+ ranks tries auto and direct over the first steps, then all ranks keep the same
-    one; training stays equivalent to one process throughout. On 2 ranks there is nothing to choose."""
+    """algorithm="auto" on 3+ ranks tries auto and direct (and the backend's own all-reduce where the
+    transport declares it) over the first steps, then all ranks keep the same one; training stays
+    equivalent to one process throughout. On 2 ranks only the backend's own all-reduce can challenge."""
     def run(numbers):
         model = base_model()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
         ddp._tuner.max_trials = ddp._tuner.trials  # a fixed schedule here; the extension is checked below
+        cands = ddp._tuner.candidates
+        base = tuple(c for c in cands if not c.endswith("+factors"))
+        expected = ("auto", "direct") if world >= 3 else ("auto",)
+        native = ringlet.collectives.runtime().transport.capabilities.native_dtypes
+        expected += ("native",) if native else ()
+        check(base == expected, f"candidates {cands}, expected {expected}")
         seen = []
+        steps = 4 + 5 * len(cands)  # 2 warm-up steps, 5 trials per candidate, then the decision
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-        for s in range(14):  # 2 warm-up steps, 5 trials per candidate, then the decision
+        for s in range(steps):
             seen.append(ddp.algorithm)
             opt.zero_grad()
             x, y = batch(s, world, 0)
             F.mse_loss(ddp(mine(x, rank), s), mine(y, rank)).backward()
             opt.step()
-        d = maxdiff(model, reference(14, world))
+        d = maxdiff(model, reference(steps, world))
         check(d <= TOL, f"max |ddp - single process| = {d} (algorithms used: {seen})")
-        if world >= 3:
-            check({"auto", "direct"} <= set(seen), f"no trial of both candidates: {seen}")
-            check(ddp._tuner.decision is not None, "no decision after 14 steps")
-            mine_ = torch.tensor([seen[-1] == "direct"], dtype=torch.int32)
+        if len(base) > 1:
+            check(set(base) <= set(seen), f"no trial of every candidate: {seen}")
+            check(ddp._tuner.decision is not None, f"no decision after {steps} steps")
+            mine_ = torch.tensor([base.index(seen[-1])], dtype=torch.int32)
             agree = ringlet.allgather(mine_)
             check(len(set(agree.tolist())) == 1, f"ranks chose differently: {agree.tolist()}")
         else:
@@ -269,7 +277,7 @@ def case_tuned_algorithm(rank, world):
             model = base_model()
             ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
             steps = 0
-            while ddp._tuner.decision is None and steps < 2 + 2 * 20 + 1:
+            while ddp._tuner.decision is None and steps < 2 + len(cands) * 20 + 1:
                 train_ddp(ddp, model, 1, rank, world)
                 steps += 1
             check(ddp._tuner.decision is not None, f"no decision after {steps} steps")
@@ -380,9 +388,10 @@ def case_sufficient_factors(rank, world):
         # first steps, the same choice on every rank, exact.
         model = wide()
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.0002)
-        ddp._tuner.max_trials = ddp._tuner.trials  # decided within the 20 steps (extension: case_tuned_algorithm)
-        train_ddp(ddp, model, 20, rank, world)
-        d = maxdiff(model, reference(20, world, make=wide))
+        ddp._tuner.max_trials = ddp._tuner.trials  # decided within these steps (extension: case_tuned_algorithm)
+        steps = 5 + 5 * len(ddp._tuner.candidates)
+        train_ddp(ddp, model, steps, rank, world)
+        d = maxdiff(model, reference(steps, world, make=wide))
         check(d <= TOL, f"max |ddp, factors tuned - single process| = {d}")
         decision = ddp._tuner.decision
         check(decision is not None and any(c.endswith("+factors") for c in decision.times),
