@@ -41,8 +41,9 @@ arm Adam instead of SGD (optimizer state for the sharding arms to shard).
 ``--timeline '/tmp/t_{rank}.json'`` writes one ringlet timeline per rank that holds the timed blocks of
 one arm only (``--trace-arm``, default the first ringlet arm; the other arms run with the timeline
 paused), so ``ringlet report`` gives that arm's hidden communication in the same run as its step-time
-ratio. The warm-up steps (and with them the step tuner's trials) are not in it. Rank 0 then also prints
-the traced arm's share of communication that overlapped a forward
+ratio. The warm-up steps are not in it: each arm warms up for ``--warmup`` steps and then until its step
+tuner has decided (at most ``--settle`` more), so the trials of slower candidates are not timed. Rank 0
+then also prints the traced arm's share of communication that overlapped a forward
 (:func:`ringlet.torch.training.forward_overlap.forward_overlap`).
 
 ``--model``: ``cnn`` (2.5 M parameters, 8 layers), ``mlp`` (25 M, 4 layers), ``transformer`` (a small
@@ -185,6 +186,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per block")
     parser.add_argument("--warmup", type=int, default=15, help="steps per arm before the first round")
+    parser.add_argument("--settle", type=int, default=200,
+                        help="at most this many more warm-up steps per arm while its step tuner is on trial")
     parser.add_argument("--timeline", default="", help="per-rank timeline path with {rank}: the traced arm's blocks")
     parser.add_argument("--trace-arm", default="", help="the arm whose blocks the timeline holds "
                                                          "(default: the first ringlet arm)")
@@ -358,6 +361,16 @@ def _check_agreement(arms, rank: int) -> None:
             raise SystemExit(f"rank {rank}: arm {spec}: parameters differ from rank 0's")
 
 
+def _settled(model, opt) -> bool:
+    """Whether the arm's step tuner (ringlet's DDP) or factor trial (the Horovod-style path) has decided;
+    every rank sees the decision at the same step."""
+    choice = getattr(model, "_tuner", None)
+    if choice is not None and choice.decision is None:
+        return False
+    factors = getattr(getattr(opt, "_ordered", None), "factors", None)
+    return factors is None or factors.tuner is None or factors.decision is not None
+
+
 def _ringlet_details(model, size: int) -> str:
     line = f", all-reduce algorithm {model.algorithm}, buckets replaced {model.fresh_buffers}"
     if getattr(model, "_tuner", None) is not None and model._tuner.decision is not None:
@@ -431,6 +444,10 @@ def main() -> None:
 
     for _, model, opt in arms:
         for _ in range(args.warmup):
+            step(model, opt)
+        for _ in range(args.settle):  # the step tuner's trials end in the warm-up, not in the timed blocks
+            if _settled(model, opt):
+                break
             step(model, opt)
         if hasattr(model, "synchronize"):
             model.synchronize()  # overlap_optimizer: nothing of this arm in flight when the next starts

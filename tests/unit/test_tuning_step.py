@@ -8,8 +8,8 @@ def test_candidates():
     assert TrialPlan("auto", 2, timing=True, factors=True).candidates() == ("auto", "auto+factors")
     assert TrialPlan("auto", 9, timing=True, factors=False).candidates() == ("auto",)
     assert TrialPlan("auto", 4, timing=True, factors=True, native=True).candidates() == (
-        "auto", "direct", "native", "auto+factors")
-    assert TrialPlan("auto", 2, timing=True, factors=False, native=True).candidates() == ("auto", "native")
+        "native", "auto", "direct", "native+factors")
+    assert TrialPlan("auto", 2, timing=True, factors=False, native=True).candidates() == ("native", "auto")
     assert TrialPlan("ring", 4, timing=True, factors=False, native=True).candidates() == ("ring",)
     assert TrialPlan("ring", 4, timing=True, factors=True).candidates() == ("ring", "ring+factors")
     assert TrialPlan("auto", 4, timing=False, factors=True).candidates() == ("auto",)

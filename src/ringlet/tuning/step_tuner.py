@@ -61,8 +61,10 @@ class TrialPlan:
         see, such as computation competing with communication (``network``: the constants to rank the
         alternatives with, instead of the model's). Without one, ``direct`` (it sends
         p(p-1) messages per step) is tried on small groups only. ``native``: the backend's own all-reduce
-        can take every bucket (compiled loops that cost less CPU than the schedules where ranks are
-        starved of it), so it is tried too. An explicit or forced algorithm is the user's choice."""
+        can take every bucket; it then goes first, as the incumbent that ringlet's schedules must beat by
+        the trial's margin: its compiled loops cost less CPU than the schedules where ranks are starved of
+        it, and trials that cannot tell the two apart keep it (benchmarks/training_ddp). An explicit or
+        forced algorithm is the user's choice."""
         base: tuple[str, ...] = (self.algorithm,)
         if self.timing and self.algorithm == "auto" and self.resolve(self.algorithm) == "auto":
             if self.model is not None and self.buckets:
@@ -72,7 +74,7 @@ class TrialPlan:
             elif 3 <= self.size <= 8:
                 base = ("auto", "direct")
             if self.native:
-                base += ("native",)
+                base = ("native",) + base
         if self.timing and self.factors:
             base += (base[0] + FACTORS,)
         return base
