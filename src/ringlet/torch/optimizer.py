@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from ringlet import collectives as _core
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
@@ -82,7 +83,8 @@ class _DistributedOptimizer:
         if hooked:
             # The launch order is fixed (ordered queue) unless Horovod's name matching is needed.
             named = not _is_ringlet_compressor(compression) and not self._fixed_order()
-            self._comm = Comm(process_set, scheduler=NAME_MATCHED if named else ORDERED_QUEUE)
+            self._comm = Comm(process_set, algorithm=self._dense_algorithm(named),
+                              scheduler=NAME_MATCHED if named else ORDERED_QUEUE)
             self._ordered = self._fused(process_set, sufficient_factors)
 
     def _fused(self, process_set, sufficient_factors) -> FusedGradients:
@@ -105,6 +107,22 @@ class _DistributedOptimizer:
                               self._compression, self._sparse_reduce, prescale=pre, postscale=post,
                               register=register, factors=factors,
                               compressor=compressor, units=units)
+
+    def _dense_algorithm(self, named: bool) -> str:
+        """The all-reduce algorithm of the fused, uncompressed buckets: the backend's own (``"native"``, as
+        Horovod over Gloo runs Gloo's) where the transport declares every parameter's dtype for it, no cost
+        model is installed to rank ringlet's schedules against it, the process set is the world, and neither
+        ``RINGLET_ALGORITHM`` nor a coordinator chooses; otherwise ``"auto"``. ringlet's DDP decides the same question by a timed trial
+        (docs/training.md, "The step tuner"); benchmarks/training_ddp measures both."""
+        rt = _core.runtime()
+        if named or self._compression is not Compression.none or not self._requires_update:
+            return "auto"
+        if self.process_set.ranks != list(range(_world_size())):
+            return "auto"  # the backend's own all-reduce runs over the whole world only
+        if rt.selector.model is not None or _core.resolve_algorithm("auto", rt) != "auto":
+            return "auto"
+        native = rt.transport.capabilities.native_dtypes
+        return "native" if all(p.dtype in native for p in self._requires_update) else "auto"
 
     def _fixed_order(self) -> bool:
         """Whether the plain reductions are fused and launched in a fixed order (no ``groups``, op Average
