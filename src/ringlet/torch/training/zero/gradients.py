@@ -77,7 +77,7 @@ class LocalGradients:
         limit = options.max_inflight if casts else max(1, len(layout.buckets))
         self._set = bucket_set(layout, params, StepScatter(reducer, layout, self.shards, self.states, options,
                                                            prefix, working))
-        self._reducer = BucketReducer(BoundedLaunch(range(len(layout.buckets)), limit), _namer(layout, params),
+        self._bucket_reducer = BucketReducer(BoundedLaunch(range(len(layout.buckets)), limit), _namer(layout, params),
                                       "ZeroOptimizer (stage 1)")
         self.synced = False
         self.consumed = False
@@ -94,7 +94,7 @@ class LocalGradients:
                                "in place); call zero_grad() between step() and the next backward.")
         if self.synced:
             return
-        reducer, buckets = self._reducer, self._set.buckets
+        reducer, buckets = self._bucket_reducer, self._set.buckets  # the one bucket reducer, not ZeRO's
         reducer.start(self._set, [False] * len(self._set.params))
         try:
             for b in range(len(buckets)):
@@ -160,7 +160,7 @@ class StreamedGradients:
         self.states: list[dict] = [{} for _ in layout.buckets]
         self._set = bucket_set(layout, params, ScatterReduction(reducer, layout, self.shards, self.states, options,
                                                                 prefix, working))
-        self._reducer = BucketReducer(BoundedLaunch(order, options.max_inflight), _namer(layout, params),
+        self._bucket_reducer = BucketReducer(BoundedLaunch(order, options.max_inflight), _namer(layout, params),
                                       f"ZeroOptimizer (stage {3 if whole else 2})")
         self._lock = threading.Lock()
         self._in_backward = False
@@ -169,37 +169,33 @@ class StreamedGradients:
     def shard(self, b: int) -> torch.Tensor:
         return self.shards[b]
 
-    @property
-    def launcher(self) -> BoundedLaunch:
-        return self._reducer.launch
-
     # ---- backward ------------------------------------------------------------------------------------------
     def _begin(self) -> None:
         if self._in_backward:
             return
-        self._reducer.start(self._set, [False] * len(self._set.params))
+        self._bucket_reducer.start(self._set, [False] * len(self._set.params))
         self._in_backward = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 
     def _on_param(self, p: torch.Tensor) -> None:
         with self._lock:
             self._begin()
-            self._reducer.ready(p, p.grad)
+            self._bucket_reducer.ready(p, p.grad)
 
     def on_bucket(self, b: int, flat: torch.Tensor) -> None:
         """Stage 3: bucket ``b``'s full gradient (1-D, slot order, model dtype; ours from now on), launched at
         once (see :class:`~ringlet.torch.training.launch_bounded.BoundedLaunch`)."""
         with self._lock:
             self._begin()
-            self._reducer.ready_bucket(self._set.buckets[b], flat)
+            self._bucket_reducer.ready_bucket(self._set.buckets[b], flat)
 
     def _finalize(self) -> None:
         """End of backward: launch what is left in order, wait for every bucket."""
         with self._lock:
             try:
-                self._reducer.complete()
-                self._reducer.wait()
-                self._reducer.deliver()
+                self._bucket_reducer.complete()
+                self._bucket_reducer.wait()
+                self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False
 
