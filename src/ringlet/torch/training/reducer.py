@@ -6,18 +6,27 @@ each bucket carries its reduction strategy (:class:`~ringlet.torch.training.redu
 :class:`~ringlet.torch.training.factor_reduction.FactorReduction`, or the variants that hand averages
 over Horovod's way, :mod:`~ringlet.torch.training.take_reduction`), and a launcher decides when ready
 buckets go out (:class:`~ringlet.torch.training.launch_fifo.FifoLaunch`: in bucket order;
-:class:`~ringlet.torch.training.launch_priority.PriorityLaunch`: front pieces first).
+:class:`~ringlet.torch.training.launch_priority.PriorityLaunch`: front pieces first;
+:class:`~ringlet.torch.training.launch_bounded.BoundedLaunch`: in a given order, a cap on buckets in flight).
 
 Two front ends feed it from per-parameter hooks: :class:`~ringlet.torch.training.ddp.DistributedDataParallel`
-and ``ringlet.torch.DistributedOptimizer`` (:mod:`ringlet.torch.ordered_grads`). The comm hooks for
-torch's DDP and ZeRO's reducers are single collectives of one bucket each and call the communicator
-directly (:class:`~ringlet.torch.comm.Comm`), through the same compressed all-reduce.
+and ``ringlet.torch.DistributedOptimizer`` (:mod:`ringlet.torch.ordered_grads`). ZeRO
+(:mod:`ringlet.torch.training.zero.gradients`) reduce-scatters through it with its own strategy
+(:class:`~ringlet.torch.training.zero.scatter.ScatterReduction`, the gradients folded into this rank's
+shards) and :class:`~ringlet.torch.training.launch_bounded.BoundedLaunch`: stage 2 from per-parameter
+hooks, stage 3 one whole bucket per unit, stage 1 every bucket whole at the step. The comm hooks for
+torch's DDP, and ZeRO's reducers (:mod:`ringlet.torch.training.zero.reduce`: the collective under each of
+its buckets), are single collectives of one bucket each and call the communicator directly
+(:class:`~ringlet.torch.comm.Comm`), through the same compressed all-reduce.
 
 Per reduced backward: :meth:`BucketReducer.start`, :meth:`BucketReducer.ready` once per parameter as
 its gradient is final (None: it got none), :meth:`BucketReducer.complete` when backward is over (the
 parameters never made ready count as None), :meth:`BucketReducer.wait`, then
-:meth:`BucketReducer.deliver`. Every rank makes the same buckets ready in any order but the launcher
-starts them in one order, so no negotiation is needed.
+:meth:`BucketReducer.deliver`. A bucket whose gradient exists as one flat tensor is handed over whole
+instead, by :meth:`BucketReducer.ready_bucket` (its strategy must offer ``accept_bucket``). Every rank
+makes the same buckets ready in any order but the launcher starts them in one order, so no negotiation
+is needed (:class:`~ringlet.torch.training.launch_bounded.BoundedLaunch` launches whole buckets as they
+arrive: there the ranks hand them over in one sequence).
 """
 from __future__ import annotations
 
@@ -28,7 +37,7 @@ import torch
 from .reduction import StepMarks
 
 if TYPE_CHECKING:
-    from .buckets import BucketSet
+    from .buckets import Bucket, BucketSet
 
 __all__ = ["BucketReducer"]
 
@@ -72,6 +81,24 @@ class BucketReducer:
         b.reduction.accept(b, j, grad)
         b.pending -= 1
         self.launch.accepted(b, j)
+
+    def ready_bucket(self, b: Bucket, grad: torch.Tensor) -> None:
+        """Bucket ``b``'s gradient of this backward arrives whole: ``grad``, 1-D, every parameter's gradient
+        in slot order (the strategy's ``accept_bucket(b, grad)`` takes it; the launcher is told with
+        ``accepted(b, None)``). ``RuntimeError`` when a parameter of ``b`` was made ready already;
+        ``TypeError`` when ``b``'s strategy takes gradients per parameter only."""
+        accept = getattr(b.reduction, "accept_bucket", None)
+        if accept is None:
+            raise TypeError(f"{self.owner}: bucket {b.index}'s reduction ({type(b.reduction).__name__}) takes "
+                            "gradients per parameter, not whole buckets")
+        marks, flat = self.marks, range(b.start, b.start + len(b.params))
+        if any(marks.ready[k] for k in flat):
+            raise RuntimeError(f"{self.owner}: bucket {b.index}'s gradient arrived twice in one backward")
+        for k in flat:
+            marks.ready[k] = marks.got_grad[k] = True
+        accept(b, grad)
+        b.pending = 0
+        self.launch.accepted(b, None)
 
     def complete(self) -> list[torch.Tensor]:
         """Backward is over: the parameters not made ready take part with zeros (returned, in flat order),

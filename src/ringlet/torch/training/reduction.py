@@ -13,7 +13,11 @@ Per reduced backward the reducer calls, for each bucket: :meth:`Reduction.prepar
 out, or priority-scheduled pieces), :meth:`Reduction.finish` with what the launched work returned, and
 :meth:`Reduction.deliver` to write the average into ``.grad`` (under ``torch.no_grad``). A reduction may
 also offer ``stage(bucket)``: the launch's work as a function to run on the communication thread later
-(priority scheduling calls it where it would launch, and runs the function when the bucket's turn comes).
+(priority scheduling calls it where it would launch, and runs the function when the bucket's turn comes),
+and ``accept_bucket(bucket, grad)``: the bucket's gradient whole, one flat tensor in slot order, instead of
+one :meth:`Reduction.accept` per parameter
+(:meth:`~ringlet.torch.training.reducer.BucketReducer.ready_bucket`; ZeRO's
+:class:`~ringlet.torch.training.zero.scatter.ScatterReduction`).
 """
 from __future__ import annotations
 

@@ -10,79 +10,39 @@
 * :class:`StreamedGradients` (stages 2 and 3): as soon as every gradient of a bucket is in, the bucket is
   copied into a fresh flat buffer (the parameters' ``.grad`` set to None: the full gradients are freed) and
   its reduce-scatter launched (a bucket of one parameter reduces the tensor autograd made, in place: no
-  copy); buckets launch in one fixed order on every rank (a bucket ready early waits
-  for those before it), at most ``max_inflight`` of them unfinished: launching one more first waits for the
-  oldest and adds its block into the gradient shard. An autograd-engine callback at the end of backward
-  launches what is left (parameters without a gradient count as zero, on every rank alike) and waits for
-  everything; the shards then hold the sum over backwards of the averages until :meth:`StreamedGradients.zero`.
+  copy). Stage 2's buckets fill from per-parameter post-accumulate-grad hooks and launch in one fixed order
+  on every rank (a bucket full early waits for those before it, its gradients still in ``.grad``); stage
+  3's arrive whole, one per unit, and launch as they arrive. At most ``max_inflight`` are unfinished:
+  launching one more first waits for the oldest and adds its block into the gradient shard. An
+  autograd-engine callback at the end of backward launches what is left (parameters without a gradient
+  count as zero, on every rank alike) and waits for everything; the shards then hold the sum over
+  backwards of the averages until :meth:`StreamedGradients.zero`.
 
-Working buffers (what exists only while gradients move; :class:`Working` tracks the bytes): stage 1 none
-when the gradients travel in the parameters' dtype, else one cast buffer per bucket in flight (at most
-``max_inflight``); stages 2-3 at most ``max_inflight`` flat buckets in the travelling dtype.
+Both run on the one bucket reducer (:class:`~ringlet.torch.training.reducer.BucketReducer`) with ZeRO's
+strategy (:mod:`.scatter`: :class:`~.scatter.ScatterReduction`, stage 1 :class:`~.scatter.StepScatter`)
+and the bounded launcher (:class:`~ringlet.torch.training.launch_bounded.BoundedLaunch`), so every
+reduce-scatter goes out in the same order on every rank.
+
+Working buffers (what exists only while gradients move; :class:`~.scatter.Working` tracks the bytes):
+stage 1 none when the gradients travel in the parameters' dtype, else one cast buffer per bucket in flight
+(at most ``max_inflight``); stages 2-3 at most ``max_inflight`` flat buckets in the travelling dtype, a
+stage-3 bucket counted from its arrival (it is launched then, after the oldest in flight was finished
+when ``max_inflight`` were), so the count is a bound whatever the order in which the units arrive.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections import deque
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
+from ..launch_bounded import BoundedLaunch
+from ..reducer import BucketReducer
 from .layout import Layout
+from .scatter import ScatterReduction, StepScatter, Working, bucket_set, travel_dtype
 
 __all__ = ["LocalGradients", "StreamedGradients", "Working"]
-
-
-class Working:
-    """Bytes of working buffers held now (``current``) and at most so far (``peak``)."""
-
-    def __init__(self) -> None:
-        self.current = 0
-        self.peak = 0
-
-    def add(self, t: torch.Tensor) -> None:
-        self.current += t.numel() * t.element_size()
-        self.peak = max(self.peak, self.current)
-
-    def release(self, t: torch.Tensor) -> None:
-        self.current -= t.numel() * t.element_size()
-
-
-class _Pipeline:
-    """Reduce-scatters in flight, at most ``limit``; ``fold(b, block)`` runs for each, oldest first, when a
-    new launch needs room or at :meth:`drain`."""
-
-    def __init__(self, reducer, layout: Layout, prefix: str, states: list[dict],
-                 fold: Callable[[int, torch.Tensor], None], limit: int, working: Working):
-        self._reducer, self._layout, self._prefix, self._states = reducer, layout, prefix, states
-        self._fold, self._limit, self._working = fold, limit, working
-        self._queue: deque = deque()
-
-    def launch(self, b: int, flat: torch.Tensor, owned: bool) -> None:
-        """Reduce-scatter ``flat`` (bucket ``b``); ``owned``: a working buffer, released when folded."""
-        while len(self._queue) >= self._limit:
-            self._finish_one()
-        if owned:
-            self._working.add(flat)
-        fut = self._reducer.reduce_scatter_(flat, self._layout.buckets[b].counts, f"{self._prefix}.rs{b}",
-                                            self._states[b])
-        self._queue.append((b, flat, owned, fut))
-
-    def drain(self) -> None:
-        while self._queue:
-            self._finish_one()
-
-    def _finish_one(self) -> None:
-        b, flat, owned, fut = self._queue.popleft()
-        try:
-            self._fold(b, fut.wait())
-        finally:
-            if owned:
-                self._working.release(flat)
-
-
-def _travel_dtype(options, dtype: torch.dtype) -> torch.dtype:
-    return options.reduce_dtype if options.reduce_dtype is not None else dtype
 
 
 class LocalGradients:
@@ -101,7 +61,7 @@ class LocalGradients:
                 flat = torch.zeros(b.numel, dtype=b.dtype, device=params[b.slots[0].index].device)
                 views = [flat[s.offset:s.offset + s.numel].view(s.shape) for s in b.slots]
                 lo, hi = b.shard(shard_rank)
-                alias = b.dtype == torch.float32 and _travel_dtype(options, b.dtype) == torch.float32
+                alias = b.dtype == torch.float32 and travel_dtype(options, b.dtype) == torch.float32
                 self.shards.append(flat[lo:hi] if alias else torch.zeros(hi - lo, dtype=torch.float32,
                                                                          device=flat.device))
                 self.separate.append(not alias)
@@ -113,6 +73,12 @@ class LocalGradients:
                         v.copy_(g)
                     params[s.index].grad = v
         self.states: list[dict] = [{} for _ in layout.buckets]
+        casts = any(travel_dtype(options, b.dtype) != b.dtype for b in layout.buckets)
+        limit = options.max_inflight if casts else max(1, len(layout.buckets))
+        self._set = bucket_set(layout, params, StepScatter(reducer, layout, self.shards, self.states, options,
+                                                           prefix, working))
+        self._bucket_reducer = BucketReducer(BoundedLaunch(range(len(layout.buckets)), limit), _namer(layout, params),
+                                      "ZeroOptimizer (stage 1)")
         self.synced = False
         self.consumed = False
 
@@ -128,14 +94,18 @@ class LocalGradients:
                                "in place); call zero_grad() between step() and the next backward.")
         if self.synced:
             return
-        casts = [_travel_dtype(self.options, b.dtype) != b.dtype for b in self.layout.buckets]
-        limit = self.options.max_inflight if any(casts) else max(1, len(self.layout.buckets))
-        pipe = _Pipeline(self.reducer, self.layout, self.prefix, self.states, self._fold, limit, self.working)
-        for b, bucket in enumerate(self.layout.buckets):
-            self._collect(b)
-            flat = self.flats[b]
-            pipe.launch(b, flat.to(_travel_dtype(self.options, bucket.dtype)) if casts[b] else flat, casts[b])
-        pipe.drain()
+        reducer, buckets = self._bucket_reducer, self._set.buckets  # the one bucket reducer, not ZeRO's
+        reducer.start(self._set, [False] * len(self._set.params))
+        try:
+            for b in range(len(buckets)):
+                self._collect(b)
+                reducer.ready_bucket(buckets[b], self.flats[b])
+            reducer.complete()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                reducer.wait()  # what was launched finishes; the first error is the one to report
+            raise
+        reducer.wait()
         self.synced = True
 
     def _collect(self, b: int) -> None:
@@ -151,11 +121,6 @@ class LocalGradients:
             elif g.data_ptr() != view.data_ptr() or g.shape != view.shape:
                 view.copy_(g)
             p.grad = view
-
-    def _fold(self, b: int, block: torch.Tensor) -> None:
-        shard = self.shards[b]
-        if block.dtype != shard.dtype or block.data_ptr() != shard.data_ptr() or block.numel() != shard.numel():
-            shard.copy_(block)
 
     def stepped(self) -> None:
         """The inner optimizer stepped on the shards: the flat buffers hold scratch until :meth:`zero`."""
@@ -183,26 +148,23 @@ class LocalGradients:
 
 
 class StreamedGradients:
-    """Stages 2 and 3 (see the module doc). ``params`` (stage 2): the parameters by the layout's slot index,
-    whose post-accumulate-grad hooks drive the launches; None (stage 3): buckets arrive whole through
-    :meth:`on_bucket`. ``order``: the bucket indices in launch order, the same on every rank."""
+    """Stages 2 and 3 (see the module doc). ``params``: the tensors by the layout's slot index. ``whole``
+    False (stage 2): their post-accumulate-grad hooks hand each gradient to the bucket reducer; True (stage
+    3): buckets arrive whole through :meth:`on_bucket` (the tensors are keys only). ``order``: the bucket
+    indices in launch order, the same on every rank."""
 
-    def __init__(self, layout: Layout, params: Sequence[torch.Tensor] | None, shard_rank: int, reducer, options,
-                 prefix: str, working: Working, order: Sequence[int]):
-        self.layout, self.params, self.reducer, self.options = layout, params, reducer, options
-        self.prefix, self.working, self.order = prefix, working, list(order)
+    def __init__(self, layout: Layout, params: Sequence[torch.Tensor], shard_rank: int, reducer, options,
+                 prefix: str, working: Working, order: Sequence[int], *, whole: bool):
+        self.layout, self.options, self.working = layout, options, working
         self.shards = [torch.zeros(b.counts[shard_rank], dtype=torch.float32) for b in layout.buckets]
         self.states: list[dict] = [{} for _ in layout.buckets]
+        self._set = bucket_set(layout, params, ScatterReduction(reducer, layout, self.shards, self.states, options,
+                                                                prefix, working))
+        self._bucket_reducer = BucketReducer(BoundedLaunch(order, options.max_inflight), _namer(layout, params),
+                                      f"ZeroOptimizer (stage {3 if whole else 2})")
         self._lock = threading.Lock()
         self._in_backward = False
-        self._where: dict[int, int] = {}
-        self._hooks = []
-        if params is not None:
-            for b in layout.buckets:
-                for s in b.slots:
-                    self._where[id(params[s.index])] = b.index
-            self._hooks = [params[s.index].register_post_accumulate_grad_hook(self._on_param)
-                           for b in layout.buckets for s in b.slots]
+        self._hooks = [] if whole else [p.register_post_accumulate_grad_hook(self._on_param) for p in self._set.params]
 
     def shard(self, b: int) -> torch.Tensor:
         return self.shards[b]
@@ -211,94 +173,31 @@ class StreamedGradients:
     def _begin(self) -> None:
         if self._in_backward:
             return
+        self._bucket_reducer.start(self._set, [False] * len(self._set.params))
         self._in_backward = True
-        n = len(self.layout.buckets)
-        self._pending = [len(b.slots) for b in self.layout.buckets]
-        self._ready = [False] * n
-        self._seen: set[int] = set()
-        self._given: dict[int, torch.Tensor] = {}
-        self._pos = 0
-        self._pipe = _Pipeline(self.reducer, self.layout, self.prefix, self.states, self._fold,
-                               self.options.max_inflight, self.working)
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 
     def _on_param(self, p: torch.Tensor) -> None:
         with self._lock:
             self._begin()
-            if id(p) in self._seen:
-                raise RuntimeError("ZeroOptimizer (stage 2): a parameter received its gradient twice in one backward "
-                                   "(reentrant backward is not supported)")
-            self._seen.add(id(p))
-            b = self._where[id(p)]
-            self._pending[b] -= 1
-            if self._pending[b] == 0:
-                self._ready[b] = True
-                self._advance()
+            self._bucket_reducer.ready(p, p.grad)
 
     def on_bucket(self, b: int, flat: torch.Tensor) -> None:
-        """Stage 3: bucket ``b``'s full gradient (1-D, slot order, model dtype; ours from now on)."""
+        """Stage 3: bucket ``b``'s full gradient (1-D, slot order, model dtype; ours from now on), launched at
+        once (see :class:`~ringlet.torch.training.launch_bounded.BoundedLaunch`)."""
         with self._lock:
             self._begin()
-            if self._ready[b]:
-                raise RuntimeError(f"ZeroOptimizer (stage 3): bucket {b}'s gradient arrived twice in one backward")
-            self._given[b] = flat
-            self._ready[b] = True
-            self._advance()
-
-    def _advance(self) -> None:
-        while self._pos < len(self.order) and self._ready[self.order[self._pos]]:
-            self._launch(self.order[self._pos])
-            self._pos += 1
-
-    @torch.no_grad()
-    def _launch(self, b: int) -> None:
-        bucket = self.layout.buckets[b]
-        dtype = _travel_dtype(self.options, bucket.dtype)
-        flat = self._given.pop(b, None)
-        if flat is None:
-            flat = self._flatten(b, dtype)
-        elif flat.dtype != dtype:
-            flat = flat.to(dtype)
-        self._pipe.launch(b, flat, True)
-
-    def _flatten(self, b: int, dtype: torch.dtype) -> torch.Tensor:
-        """Bucket ``b``'s gradients in a fresh buffer (zeros where none arrived); their ``.grad`` dropped."""
-        bucket = self.layout.buckets[b]
-        if len(bucket.slots) == 1 and self.params is not None:  # one parameter: reduce autograd's own tensor
-            p = self.params[bucket.slots[0].index]
-            g = p.grad
-            if g is not None and not g.is_sparse and g.dtype == dtype and g.is_contiguous():
-                p.grad = None
-                return g.detach().view(-1)
-        flat = torch.empty(bucket.numel, dtype=dtype)
-        for s in bucket.slots:
-            part = flat[s.offset:s.offset + s.numel]
-            p = self.params[s.index] if self.params is not None else None
-            g = p.grad if p is not None else None
-            if g is None:
-                part.zero_()
-                continue
-            if g.is_sparse:
-                raise ValueError(f"ZeroOptimizer: parameter {s.name} has a sparse gradient; ZeRO needs dense "
-                                 "gradients (use sparse=False in its embedding)")
-            part.copy_(g.reshape(-1))
-            p.grad = None
-        return flat
+            self._bucket_reducer.ready_bucket(self._set.buckets[b], flat)
 
     def _finalize(self) -> None:
         """End of backward: launch what is left in order, wait for every bucket."""
         with self._lock:
             try:
-                for b in range(len(self._ready)):
-                    self._ready[b] = True
-                self._advance()
-                self._pipe.drain()
+                self._bucket_reducer.complete()
+                self._bucket_reducer.wait()
+                self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False
-                self._given = {}
-
-    def _fold(self, b: int, block: torch.Tensor) -> None:
-        self.shards[b].add_(block)
 
     # ---- step --------------------------------------------------------------------------------------------------
     def sync(self) -> None:
@@ -321,3 +220,9 @@ class StreamedGradients:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _namer(layout: Layout, params: Sequence[torch.Tensor]):
+    """The parameter's name in the layout, for the bucket reducer's error messages."""
+    names = {id(params[s.index]): s.name for b in layout.buckets for s in b.slots}
+    return lambda p: names.get(id(p), "?")

@@ -108,7 +108,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                          self._prefix, self._working)
         else:
             self._grads = StreamedGradients(self._layout, params, self.shard_rank, self._reducer, self._options,
-                                            self._prefix, self._working, range(len(self._layout.buckets)))
+                                            self._prefix, self._working, range(len(self._layout.buckets)),
+                                            whole=False)
         self._store = None
 
     def _build_stage3(self, module, named, gidx, partition) -> None:
@@ -123,8 +124,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._layout = Layout.units(named, gidx, self._reducer.shard_size, _units(units_of, module, named, gidx),
                                     partition)
         n = len(self._layout.buckets)
-        self._grads = StreamedGradients(self._layout, None, self.shard_rank, self._reducer, self._options,
-                                        self._prefix, self._working, range(n - 1, -1, -1))
+        self._grads = StreamedGradients(self._layout, [p for _, p in named], self.shard_rank, self._reducer,
+                                        self._options, self._prefix, self._working, range(n - 1, -1, -1), whole=True)
         self._store = ShardedParameters(module, named, self._layout, self._reducer, self._grads.on_bucket,
                                         prefetch=self._options.prefetch)
         self._block = self._store.shard
