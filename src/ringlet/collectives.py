@@ -1,5 +1,11 @@
 """Public collectives: validate locally, agree on metadata across ranks, run the engine's operation.
 
+An all-reduce reads top to bottom: the API function validates its arguments and queues an
+:class:`~ringlet.engine.allreduce.AllreduceRequest` (:meth:`ringlet.runtime.Runtime.submit_op`); the
+runtime's queue runs it with the op's channel through the engine's one all-reduce entry
+(:func:`ringlet.engine.allreduce.allreduce_`: agree and select, execute, transport). docs/design.md,
+"The path of one all-reduce".
+
 Every collective has a blocking form, an ``_async`` form returning a :class:`~ringlet.runtime.Work`
 handle (``wait()``, ``done()``), and where it makes sense an in-place form with a trailing ``_``.
 Before data moves the members compare one :class:`~ringlet.engine.meta.Meta` record
@@ -15,9 +21,8 @@ from typing import Sequence
 
 import torch
 
-from . import compression as _compression
 from .engine import agree, args, ops
-from .engine.compressed import compressed_allreduce_, describe
+from .engine.allreduce import AllreduceRequest, Compressed
 from .engine.meta import Kind, Meta
 from .group import Group
 from .runtime import Runtime, Work
@@ -83,70 +88,6 @@ def resolve_algorithm(name: str | None, rt: Runtime) -> str:
 
 
 # ---- all-reduce ---------------------------------------------------------------------------------
-_METAS: dict[tuple, Meta] = {}  # all-reduce records by (dtype, shape, device, op, algorithm, scales)
-_METAS_MAX = 256
-
-
-def _allreduce_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: float) -> Meta:
-    """The record of an all-reduce of ``buf``; the same object for the same call (a training loop's
-    calls repeat a few shapes)."""
-    key = (buf.dtype, buf.shape, buf.device, op, algo, pre, post)
-    meta = _METAS.get(key)
-    if meta is None:
-        if len(_METAS) >= _METAS_MAX:
-            _METAS.clear()
-        forced = "" if algo == select.AUTO else algo
-        meta = _METAS[key] = Meta.of("", Kind.ALLREDUCE, buf, op=op, algorithm=forced, pre=pre, post=post)
-    return meta
-
-
-def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
-                   post: float, check: bool) -> torch.Tensor:
-    """The queued job of an all-reduce: the engine's one all-reduce op (check, choice, execution)."""
-    flat = buf if buf.dim() == 1 else buf.view(-1)
-    meta = _allreduce_meta(buf, red.op, algo, pre, post) if check else None
-    ops.allreduce_op_(rt.channel(g), flat, red, algo, pre, post, meta)
-    return buf
-
-
-@dataclass(frozen=True, slots=True)
-class Compressed:
-    """A compressed all-reduce's choices (see :mod:`ringlet.engine.compressed`): the compressor, the
-    caller's ``state`` dict for this tensor (kept between calls: error-feedback residuals), the
-    ``shapes`` the flat tensor concatenates (for compressors with their own schedule), a ``strategy``
-    other than the compressor's own, and the ``name`` that a mismatch error shows."""
-
-    compressor: _compression.Compressor
-    state: dict | None = None
-    shapes: tuple | None = None
-    strategy: str | None = None
-    name: str = ""
-
-    @staticmethod
-    def of(compression, state: dict | None, shape: tuple = ()) -> "Compressed | None":
-        """From the core API's ``compression=`` (None: no compression) and ``compression_state=``; a
-        tensor of two or more dimensions is one matrix to a compressor with its own schedule (PowerSGD:
-        rows are dim 0), as a DDP bucket's parameters are. ``shape``: the tensor's (callers pass ``()``
-        for a non-tensor, which the argument checks then reject)."""
-        if compression is None:
-            return None
-        return Compressed(_compression.get(compression), state, (tuple(shape),) if len(shape) >= 2 else None)
-
-
-def _run_compressed(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
-                    post: float, check: bool, spec: Compressed) -> torch.Tensor:
-    ch = rt.channel(g)
-    flat = buf.view(-1)
-    if check:
-        agree.agree(ch, Meta.of(spec.name, Kind.ALLREDUCE, buf, op=red.op, pre=pre, post=post,
-                                algorithm="" if algo == select.AUTO else algo,
-                                compression=describe(spec.compressor, flat.numel(), spec.strategy)))
-    ops.scale_(flat, pre)
-    compressed_allreduce_(ch, flat, spec.compressor, spec.state, red.averages, spec.shapes,
-                          strategy=spec.strategy, algorithm=algo)
-    return ops.scale_(buf, post)
-
-
 def _check_compressed(tensor: torch.Tensor, red: Reduction, spec: Compressed) -> None:
     if red.op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"A compressed all-reduce sums or averages; op {red.name!r} is not supported with "
@@ -167,13 +108,11 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     red = reduction(op)
     g = rt.world if group is None else _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
-    buf = tensor if inplace else tensor.clone()
     if compressed is not None:
         _check_compressed(tensor, red, compressed)
-        return rt.submit(lambda: _run_compressed(rt, g, buf, red, algo, prescale_factor, postscale_factor, check,
-                                                 compressed), sync=sync)
-    return rt.submit(lambda: _run_allreduce(rt, g, buf, red, algo, prescale_factor, postscale_factor, check),
-                     sync=sync)
+    buf = tensor if inplace else tensor.clone()
+    return rt.submit_op(AllreduceRequest(g, buf, red, algo, prescale_factor, postscale_factor, check, compressed),
+                        sync=sync)
 
 
 def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
