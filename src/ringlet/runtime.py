@@ -231,9 +231,10 @@ class Runtime:
 
     def submit_op(self, op, *, sync: bool) -> Work:
         """Queue ``op`` as :meth:`submit` queues a function: an engine request with a ``group`` and a
-        ``run(channel)`` method (:class:`ringlet.engine.allreduce.AllreduceRequest`). When its turn
-        comes, the runtime takes the channel of ``op.group`` for it (in execution order, so the tags
-        agree on every member) and runs ``op.run(channel)``; the handle gives its result."""
+        ``run(channel)`` method (:mod:`ringlet.engine.requests`). When its turn comes, the runtime takes
+        the channel of ``op.group`` for it (in execution order, so the tags agree on every member) and
+        runs ``op.run(channel)``; the handle gives its result. The request never calls back into the
+        runtime: everything it needs from it is the channel."""
         return self.submit(functools.partial(self._run_op, op), sync=sync)
 
     def _run_op(self, op) -> Any:

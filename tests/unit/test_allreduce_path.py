@@ -35,7 +35,7 @@ from ringlet.transport.inproc import InprocTransport
 from ringlet.types import ReduceOp
 
 _STATIONS = ("ringlet.algorithms", "ringlet.transport")
-_API = ("ringlet.collectives", "ringlet.runtime", "ringlet.engine.allreduce")
+_API = ("ringlet.collectives", "ringlet.runtime", "ringlet.engine.requests", "ringlet.engine.allreduce")
 
 
 def _unit(module: str) -> str | None:

@@ -1,9 +1,9 @@
-"""The engine's one all-reduce entry, and the request that the core API queues for it.
+"""The engine's one all-reduce entry.
 
 Every front end's all-reduce enters the engine through :func:`allreduce_`: the core API's
-(:class:`AllreduceRequest`, run by the runtime's queue with the op's channel), the Horovod executor's
-(:class:`ringlet.torch.execute.Runner`, on responses already negotiated: no record to check). It
-decides the path once and calls down, never back up:
+(:class:`ringlet.engine.requests.AllreduceRequest`, run by the runtime's queue with the op's channel),
+the Horovod executor's (:class:`ringlet.torch.execute.Runner`, on responses already negotiated: no
+record to check). It decides the path once and calls down, never back up:
 
 * ``compressed`` given: the record (with the compression described) agreed by
   :func:`ringlet.engine.agree.agree`, then :func:`ringlet.engine.compressed.compressed_allreduce_`
@@ -24,14 +24,13 @@ import torch
 
 from .. import compression as _compression
 from ..algorithms import AUTO
-from ..group import Group
 from ..types import Reduction
 from . import agree, ops, small
 from .channel import Channel
-from .compressed import compressed_allreduce_, describe
-from .meta import Kind, Meta
+from .compressed import compressed_allreduce_
+from .meta import Meta
 
-__all__ = ["Compressed", "AllreduceRequest", "allreduce_"]
+__all__ = ["Compressed", "allreduce_"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,61 +55,6 @@ class Compressed:
         if compression is None:
             return None
         return Compressed(_compression.get(compression), state, (tuple(shape),) if len(shape) >= 2 else None)
-
-
-_METAS: dict[tuple, Meta] = {}  # dense all-reduce records by (dtype, shape, device, op, algorithm, scales)
-_METAS_MAX = 256
-
-
-def _dense_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: float) -> Meta:
-    """The record of a dense all-reduce of ``buf``; the same object for the same call (a training loop's
-    calls repeat a few shapes, and a record encodes once)."""
-    key = (buf.dtype, buf.shape, buf.device, op, algo, pre, post)
-    meta = _METAS.get(key)
-    if meta is None:
-        if len(_METAS) >= _METAS_MAX:
-            _METAS.clear()
-        forced = "" if algo == AUTO else algo
-        meta = _METAS[key] = Meta.of("", Kind.ALLREDUCE, buf, op=op, algorithm=forced, pre=pre, post=post)
-    return meta
-
-
-def _compressed_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: float, spec: Compressed) -> Meta:
-    """The record of a compressed all-reduce of ``buf``: the compression described (compressor, strategy,
-    payload size) so that members compressing differently disagree."""
-    return Meta.of(spec.name, Kind.ALLREDUCE, buf, op=op, pre=pre, post=post,
-                   algorithm="" if algo == AUTO else algo,
-                   compression=describe(spec.compressor, buf.numel(), spec.strategy))
-
-
-@dataclass(frozen=True, slots=True)
-class AllreduceRequest:
-    """One all-reduce as the core API queues it: ``buf`` (reduced in place and returned; the API cloned
-    it for the out-of-place forms) over ``group``, with the reduction, the requested algorithm
-    (:func:`ringlet.tuning.select.requested`'s name), the scale factors, whether the members' records
-    are compared first (``check``) and the compression (None: dense). The arguments are already
-    validated. The runtime's queue runs :meth:`run` in submission order with the op's channel."""
-
-    group: Group
-    buf: torch.Tensor
-    red: Reduction
-    algorithm: str
-    pre: float
-    post: float
-    check: bool
-    compressed: Compressed | None = None
-
-    def run(self, ch: Channel) -> torch.Tensor:
-        """Reduce :attr:`buf` over ``ch`` (the channel of :attr:`group` for this op) and return it."""
-        buf, red, algo, pre, post = self.buf, self.red, self.algorithm, self.pre, self.post
-        spec = self.compressed
-        if spec is None:
-            meta = _dense_meta(buf, red.op, algo, pre, post) if self.check else None
-            allreduce_(ch, buf if buf.dim() == 1 else buf.view(-1), red, algo, pre, post, meta)
-        else:
-            meta = _compressed_meta(buf, red.op, algo, pre, post, spec) if self.check else None
-            allreduce_(ch, buf.view(-1), red, algo, pre, post, meta, spec)
-        return buf
 
 
 def allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO, pre: float = 1.0,
