@@ -6,7 +6,9 @@ the request's ``group`` (in execution order, so the tags agree on every member) 
 ``request.run(channel)``, which agrees on the op's metadata record (:mod:`ringlet.engine.agree`) and
 runs the engine's operation. Nothing here calls back into the API or the runtime.
 
-Every request holds already-validated arguments: ``buf`` is the tensor the op works on (the API cloned
+A request is not changed once queued (plain slotted classes, not frozen ones: a frozen dataclass's
+construction costs about a microsecond more, on every call). Every request holds already-validated
+arguments: ``buf`` is the tensor the op works on (the API cloned
 it where the caller's tensor must stay untouched), ``check`` says whether the members' records are
 compared before data moves (``RINGLET_CHECK`` or the call's ``check=``).
 """
@@ -53,7 +55,7 @@ def _compressed_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: fl
                    compression=describe(spec.compressor, buf.numel(), spec.strategy))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AllreduceRequest:
     """One all-reduce: ``buf`` reduced in place over ``group`` and returned, with the reduction, the
     requested algorithm (:func:`ringlet.tuning.select.requested`'s name), the scale factors and the
@@ -79,7 +81,7 @@ class AllreduceRequest:
         return buf
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RootedRequest:
     """A broadcast (``kind`` BROADCAST: every member's ``buf`` becomes group rank ``root``'s) or a reduce
     (REDUCE: ``root``'s ``buf`` becomes the reduction; other members get their input back). Returns
@@ -105,7 +107,7 @@ class RootedRequest:
         return buf
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AllgatherRequest:
     """A ragged all-gather of ``tensor`` along dim 0 with ``algorithm`` (a name of
     :func:`ringlet.tuning.select.allgather`). ``sizes``: every member's first dimension as the caller
@@ -136,7 +138,7 @@ class AllgatherRequest:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReduceScatterRequest:
     """Horovod's reduce-scatter of ``buf`` (consumed as scratch): a new tensor of this member's rows."""
 
@@ -153,7 +155,7 @@ class ReduceScatterRequest:
         return ops.reduce_scatter_rows(ch, self.buf, self.red, self.pre, self.post)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AlltoallRequest:
     """An all-to-all of ``tensor``'s rows, ``splits[d]`` of them to member ``d``: ``(output, received
     splits)``. The members' splits are always exchanged (compared when ``check``)."""
@@ -168,7 +170,7 @@ class AlltoallRequest:
         return ops.alltoall_rows(ch, self.tensor, [m.splits for m in metas])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BarrierRequest:
     """A barrier over ``group``; returns None."""
 
