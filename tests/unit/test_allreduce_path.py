@@ -2,8 +2,9 @@
 
 One dense small all-reduce (the transport's small-message path), one dense large one (agree, select,
 schedule), one compressed one (including PowerSGD, whose own schedule is handed the engine's
-all-reduce) and the Horovod executor's all-reduce run in a 2-rank in-process world under
-``sys.setprofile``, which sees every Python function call and return on the rank's thread.
+all-reduce), one asynchronous one (run by the queue's worker thread) and the Horovod executor's
+all-reduce run in a 2-rank in-process world under ``sys.setprofile``, which sees every Python function
+call and return on the thread that installed it.
 
 Definitions, as the test applies them:
 
@@ -18,7 +19,8 @@ Definitions, as the test applies them:
 * The path reads top to bottom when **no call path names a unit twice**: once the chain has gone from
   unit A down into unit B, nothing below B calls into A again (a callback upward is a return to a
   module the chain had already left), and when the **units' call graph** (an edge A -> B for every call
-  from a frame of unit A into a frame of unit B != A) **has no cycle**: one order of the units exists in
+  into a frame of unit B whose nearest ringlet frame below it on the stack is of unit A != B) **has no
+  cycle**: one order of the units exists in
   which every call goes down, so no unit calls into one that, somewhere in the same all-reduce, calls
   back into it.
 """
@@ -60,10 +62,11 @@ class _Recorder:
         if event == "call":
             unit = _unit(frame.f_globals.get("__name__", ""))
             if unit is not None:
-                path = _merged([u for u in self.stack if u is not None] + [unit])
+                above = [u for u in self.stack if u is not None]
+                if above and above[-1] != unit:
+                    self.edges.add((above[-1], unit))
+                path = _merged(above + [unit])
                 self.paths.add(tuple(path))
-                if len(path) > 1 and path[-1] == unit and path[-2] != unit:
-                    self.edges.add((path[-2], unit))
                 if len(set(path)) != len(path):
                     self.repeats.append(tuple(path))
             self.stack.append(unit)
@@ -158,6 +161,22 @@ def test_compressed_allreduce_reads_top_to_bottom(compression):
     via = ("ringlet.compression.powersgd",) if compression == "powersgd" else ()
     _check(recs, _API + ("ringlet.engine.compressed",) + via + ("ringlet.engine.ops", "ringlet.engine.channel",
                                                                 "ringlet.algorithms", "ringlet.transport"))
+
+
+def test_async_allreduce_reads_top_to_bottom_on_the_queue_worker():
+    def call(rank):
+        rt = ringlet.collectives.runtime()
+        ringlet.allreduce_async_(torch.ones(1 << 16)).wait()  # starts the worker, warms the caches
+        rec = _Recorder()
+        # The queue runs jobs in order on its worker thread: the profiler is installed there around the op.
+        rt.submit(lambda: sys.setprofile(rec._profile), sync=False)
+        work = ringlet.allreduce_async_(torch.full((1 << 16,), float(rank)))
+        rt.submit(lambda: sys.setprofile(None), sync=False).wait()
+        assert torch.equal(work.wait(), torch.full((1 << 16,), 1.0))
+        return rec
+
+    recs = run_world(2, call)
+    _check(recs, _API[1:] + ("ringlet.engine.ops", "ringlet.engine.channel", "ringlet.algorithms", "ringlet.transport"))
 
 
 def test_horovod_executor_enters_the_engine_at_the_same_entry():
