@@ -4,9 +4,9 @@ in interleaved blocks: what the per-call path adds on top of the carrier's round
     ringlet run -np 4 --transport shm -- python benchmarks/small_messages/small_layers.py [BLOCKS]
 
 Layers, each including the ones below it: ``public`` (``ringlet.allreduce_``), ``submit``
-(``Runtime.submit`` of the collective layer's job), ``_run_allreduce`` (channel, record, engine),
-``ops.small`` (``ops.small_allreduce_``), ``small.allreduce_`` (the round, the check, the reduction)
-and ``small_round`` (the transport's round alone). Rank 0 prints the medians over blocks of 500 calls
+(``Runtime.submit_op`` of the collective layer's request), ``request.run`` (channel, record, engine),
+``engine`` (the engine's all-reduce entry, ``engine.allreduce.allreduce_``), ``small.allreduce_`` (the
+round, the check, the reduction) and ``small_round`` (the transport's round alone). Rank 0 prints the medians over blocks of 500 calls
 of 4 KiB (``small_profile._timed``); CPU is this process's user + system time per call.
 """
 from __future__ import annotations
@@ -17,8 +17,10 @@ import torch
 
 import ringlet
 from ringlet import collectives
-from ringlet.engine import ops, small
+from ringlet.engine import small
+from ringlet.engine.allreduce import allreduce_
 from ringlet.engine.meta import Kind, Meta
+from ringlet.engine.requests import AllreduceRequest
 from ringlet.types import reduction
 from small_profile import _timed  # interleaved blocks, medians of wall and CPU time per call
 
@@ -28,13 +30,13 @@ CALLS = 500
 def layers(rt, t: torch.Tensor) -> dict:
     g, red, flat = rt.world, reduction("sum"), t.view(-1)
     meta = Meta.of("", Kind.ALLREDUCE, t, op=red.op)
+    request = AllreduceRequest(g, t, red, "auto", 1.0, 1.0, True)
     how = small.carrier(rt.channel(g)) if small.takes(rt.channel(g), flat.numel() * flat.element_size()) else None
     runs = {
         "public": lambda: ringlet.allreduce_(t),
-        "submit": lambda: rt.submit(lambda: collectives._run_allreduce(rt, g, t, red, "auto", 1.0, 1.0, True),
-                                    sync=True).wait(),
-        "_run_allreduce": lambda: collectives._run_allreduce(rt, g, t, red, "auto", 1.0, 1.0, True),
-        "ops.small": lambda: ops.small_allreduce_(rt.channel(g), flat, red, "auto", 1.0, 1.0, meta),
+        "submit": lambda: rt.submit_op(request, sync=True).wait(),
+        "request.run": lambda: request.run(rt.channel(g)),
+        "engine": lambda: allreduce_(rt.channel(g), flat, red, "auto", 1.0, 1.0, meta),
         "small.allreduce_": lambda: small.allreduce_(rt.channel(g), flat, red, meta),
     }
     if how == "mailbox":

@@ -1,5 +1,11 @@
 """Public collectives: validate locally, agree on metadata across ranks, run the engine's operation.
 
+A call reads top to bottom: the API function validates its arguments and queues a request of
+:mod:`ringlet.engine.requests` (:meth:`ringlet.runtime.Runtime.submit_op`); the runtime's queue runs it
+with the op's channel, and it agrees on the metadata and runs the engine's operation (an all-reduce
+through the engine's one entry, :func:`ringlet.engine.allreduce.allreduce_`). docs/design.md, "The path
+of one all-reduce".
+
 Every collective has a blocking form, an ``_async`` form returning a :class:`~ringlet.runtime.Work`
 handle (``wait()``, ``done()``), and where it makes sense an in-place form with a trailing ``_``.
 Before data moves the members compare one :class:`~ringlet.engine.meta.Meta` record
@@ -10,15 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from . import compression as _compression
-from .engine import agree, args, ops
-from .engine.compressed import compressed_allreduce_, describe
-from .engine.meta import Kind, Meta
+from .engine import args, ops
+from .engine.allreduce import Compressed
+from .engine.meta import Kind
+from .engine.requests import (AllgatherRequest, AllreduceRequest, AlltoallRequest, BarrierRequest, ReduceScatterRequest,
+                              RootedRequest)
 from .group import Group
 from .runtime import Runtime, Work
 from .tuning import select
@@ -83,70 +89,6 @@ def resolve_algorithm(name: str | None, rt: Runtime) -> str:
 
 
 # ---- all-reduce ---------------------------------------------------------------------------------
-_METAS: dict[tuple, Meta] = {}  # all-reduce records by (dtype, shape, device, op, algorithm, scales)
-_METAS_MAX = 256
-
-
-def _allreduce_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: float) -> Meta:
-    """The record of an all-reduce of ``buf``; the same object for the same call (a training loop's
-    calls repeat a few shapes)."""
-    key = (buf.dtype, buf.shape, buf.device, op, algo, pre, post)
-    meta = _METAS.get(key)
-    if meta is None:
-        if len(_METAS) >= _METAS_MAX:
-            _METAS.clear()
-        forced = "" if algo == select.AUTO else algo
-        meta = _METAS[key] = Meta.of("", Kind.ALLREDUCE, buf, op=op, algorithm=forced, pre=pre, post=post)
-    return meta
-
-
-def _run_allreduce(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
-                   post: float, check: bool) -> torch.Tensor:
-    """The queued job of an all-reduce: the engine's one all-reduce op (check, choice, execution)."""
-    flat = buf if buf.dim() == 1 else buf.view(-1)
-    meta = _allreduce_meta(buf, red.op, algo, pre, post) if check else None
-    ops.allreduce_op_(rt.channel(g), flat, red, algo, pre, post, meta)
-    return buf
-
-
-@dataclass(frozen=True, slots=True)
-class Compressed:
-    """A compressed all-reduce's choices (see :mod:`ringlet.engine.compressed`): the compressor, the
-    caller's ``state`` dict for this tensor (kept between calls: error-feedback residuals), the
-    ``shapes`` the flat tensor concatenates (for compressors with their own schedule), a ``strategy``
-    other than the compressor's own, and the ``name`` that a mismatch error shows."""
-
-    compressor: _compression.Compressor
-    state: dict | None = None
-    shapes: tuple | None = None
-    strategy: str | None = None
-    name: str = ""
-
-    @staticmethod
-    def of(compression, state: dict | None, shape: tuple = ()) -> "Compressed | None":
-        """From the core API's ``compression=`` (None: no compression) and ``compression_state=``; a
-        tensor of two or more dimensions is one matrix to a compressor with its own schedule (PowerSGD:
-        rows are dim 0), as a DDP bucket's parameters are. ``shape``: the tensor's (callers pass ``()``
-        for a non-tensor, which the argument checks then reject)."""
-        if compression is None:
-            return None
-        return Compressed(_compression.get(compression), state, (tuple(shape),) if len(shape) >= 2 else None)
-
-
-def _run_compressed(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, algo: str, pre: float,
-                    post: float, check: bool, spec: Compressed) -> torch.Tensor:
-    ch = rt.channel(g)
-    flat = buf.view(-1)
-    if check:
-        agree.agree(ch, Meta.of(spec.name, Kind.ALLREDUCE, buf, op=red.op, pre=pre, post=post,
-                                algorithm="" if algo == select.AUTO else algo,
-                                compression=describe(spec.compressor, flat.numel(), spec.strategy)))
-    ops.scale_(flat, pre)
-    compressed_allreduce_(ch, flat, spec.compressor, spec.state, red.averages, spec.shapes,
-                          strategy=spec.strategy, algorithm=algo)
-    return ops.scale_(buf, post)
-
-
 def _check_compressed(tensor: torch.Tensor, red: Reduction, spec: Compressed) -> None:
     if red.op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"A compressed all-reduce sums or averages; op {red.name!r} is not supported with "
@@ -167,13 +109,11 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
     red = reduction(op)
     g = rt.world if group is None else _group(rt, group)
     algo = resolve_algorithm(algorithm, rt)
-    buf = tensor if inplace else tensor.clone()
     if compressed is not None:
         _check_compressed(tensor, red, compressed)
-        return rt.submit(lambda: _run_compressed(rt, g, buf, red, algo, prescale_factor, postscale_factor, check,
-                                                 compressed), sync=sync)
-    return rt.submit(lambda: _run_allreduce(rt, g, buf, red, algo, prescale_factor, postscale_factor, check),
-                     sync=sync)
+    buf = tensor if inplace else tensor.clone()
+    return rt.submit_op(AllreduceRequest(g, buf, red, algo, prescale_factor, postscale_factor, check, compressed),
+                        sync=sync)
 
 
 def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
@@ -252,18 +192,6 @@ def compressed_allreduce_async_(tensor: torch.Tensor, spec: Compressed, *, avera
 
 
 # ---- broadcast and reduce -----------------------------------------------------------------------
-def _run_rooted(rt: Runtime, g: Group, buf: torch.Tensor, kind: Kind, root_g: int, red: Reduction) -> torch.Tensor:
-    ch = rt.channel(g)
-    if rt.options.check:
-        agree.agree(ch, Meta.of("", kind, buf, op=red.op if kind == Kind.REDUCE else 0, root=g.ranks[root_g]))
-    if kind == Kind.BROADCAST:
-        ops.broadcast_(ch, buf.view(-1), root_g)
-    else:
-        # Interior tree ranks accumulate partial results: off the root, work on a copy and return the input.
-        ops.reduce_(ch, buf.view(-1) if ch.rank == root_g else buf.reshape(-1).clone(), root_g, red)
-    return buf
-
-
 def _rooted_submit(tensor, root_rank, group, kind: Kind, op, *, inplace, sync) -> Work:
     rt = runtime()
     _check_tensor(tensor)
@@ -271,7 +199,7 @@ def _rooted_submit(tensor, root_rank, group, kind: Kind, op, *, inplace, sync) -
     root_g = _check_root(g, root_rank)
     red = reduction(op)
     buf = tensor if inplace else tensor.clone()
-    return rt.submit(lambda: _run_rooted(rt, g, buf, kind, root_g, red), sync=sync)
+    return rt.submit_op(RootedRequest(g, buf, kind, root_g, red, rt.options.check), sync=sync)
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, group: Group | None = None) -> torch.Tensor:
@@ -311,24 +239,6 @@ def reduce_async_(tensor, root_rank, op=ReduceOp.SUM, group=None) -> Work:
 
 
 # ---- all-gather (ragged first dimension) --------------------------------------------------------
-def _run_allgather(rt: Runtime, g: Group, tensor: torch.Tensor, algorithm: str, sizes: tuple[int, ...] | None,
-                   check: bool) -> torch.Tensor:
-    ch = rt.channel(g)
-    own = tensor.shape[0] if tensor.dim() else 1
-    if sizes is not None and not check:
-        dim0s = list(sizes)  # the caller vouches for every member's first dimension
-    else:
-        metas = agree.agree(ch, Meta.of("", Kind.ALLGATHER, tensor, algorithm=algorithm), check=rt.options.check)
-        # No records: every member's record equals this one, first dimension included.
-        dim0s = [own] * g.size if metas is None else [m.shape[0] if m.shape else 1 for m in metas]
-    out = ops.allgather_rows(ch, tensor, dim0s, algorithm)
-    if sizes is not None and dim0s != list(sizes):
-        # Raised after the data moved by the exchanged sizes, so that members whose lists were right
-        # are not left waiting for this one.
-        raise ValueError(f"allgather: sizes={list(sizes)} given, but the members' first dimensions are {dim0s}")
-    return out
-
-
 def _allgather_submit(tensor: torch.Tensor, group, algorithm: str, sizes, check: bool | None, *, sync: bool) -> Work:
     rt = runtime()
     _check_tensor(tensor)
@@ -342,7 +252,7 @@ def _allgather_submit(tensor: torch.Tensor, group, algorithm: str, sizes, check:
                              f"({own}) at position {grank}; got {list(sizes)}")
     check = rt.options.check if check is None else bool(check)
     src = tensor if sync else tensor.clone()  # an async caller may change its tensor before the job runs
-    return rt.submit(lambda: _run_allgather(rt, g, src, algorithm, sizes, check), sync=sync)
+    return rt.submit_op(AllgatherRequest(g, src, algorithm, sizes, check, rt.options.check), sync=sync)
 
 
 def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
@@ -370,14 +280,6 @@ def allgather(tensor: torch.Tensor, group: Group | None = None, algorithm: str =
 split_rows = ops.split_rows
 
 
-def _run_reduce_scatter(rt: Runtime, g: Group, buf: torch.Tensor, red: Reduction, pre: float,
-                        post: float) -> torch.Tensor:
-    ch = rt.channel(g)
-    if rt.options.check:
-        agree.agree(ch, Meta.of("", Kind.REDUCESCATTER, buf, op=red.op, pre=pre, post=post))
-    return ops.reduce_scatter_rows(ch, buf, red, pre, post)
-
-
 def _reduce_scatter_submit(tensor, op, group, pre, post, sync) -> Work:
     rt = runtime()
     _check_tensor(tensor)
@@ -387,7 +289,7 @@ def _reduce_scatter_submit(tensor, op, group, pre, post, sync) -> Work:
     red = reduction(op)
     g = _group(rt, group)
     buf = tensor.clone()
-    return rt.submit(lambda: _run_reduce_scatter(rt, g, buf, red, pre, post), sync=sync)
+    return rt.submit_op(ReduceScatterRequest(g, buf, red, pre, post, rt.options.check), sync=sync)
 
 
 def reduce_scatter(tensor: torch.Tensor, op=ReduceOp.SUM, group: Group | None = None,
@@ -402,19 +304,13 @@ def reduce_scatter_async(tensor, op=ReduceOp.SUM, group=None, prescale_factor=1.
 
 
 # ---- all-to-all ---------------------------------------------------------------------------------
-def _run_alltoall(rt: Runtime, g: Group, tensor: torch.Tensor, splits: list[int]) -> tuple[torch.Tensor, list[int]]:
-    ch = rt.channel(g)
-    metas = agree.records(ch, Meta.of("", Kind.ALLTOALL, tensor, splits=tuple(splits)), check=rt.options.check)
-    return ops.alltoall_rows(ch, tensor, [m.splits for m in metas])
-
-
 def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None) -> Work:
     rt = runtime()
     _check_tensor(tensor)
     g = _group(rt, group)
     splits = args.alltoall_splits(splits, tensor, g.size)
     src = tensor.clone()
-    return rt.submit(lambda: _run_alltoall(rt, g, src, splits), sync=False)
+    return rt.submit_op(AlltoallRequest(g, src, tuple(splits), rt.options.check), sync=False)
 
 
 def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None):
@@ -424,21 +320,14 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: G
 
 
 # ---- barrier ------------------------------------------------------------------------------------
-def _run_barrier(rt: Runtime, g: Group) -> None:
-    ch = rt.channel(g)
-    if rt.options.check:
-        agree.agree(ch, Meta("", Kind.BARRIER))
-    ops.barrier(ch)
-
-
 def barrier_async(group: Group | None = None) -> Work:
     rt = runtime()
     g = _group(rt, group)
-    return rt.submit(lambda: _run_barrier(rt, g), sync=False)
+    return rt.submit_op(BarrierRequest(g, rt.options.check), sync=False)
 
 
 def barrier(group: Group | None = None) -> None:
     """Return once every member of ``group`` has entered the barrier."""
     rt = runtime()
     g = _group(rt, group)
-    rt.submit(lambda: _run_barrier(rt, g), sync=True).wait()
+    rt.submit_op(BarrierRequest(g, rt.options.check), sync=True).wait()

@@ -6,6 +6,7 @@ or on the background thread (``*_async``), so every rank runs them in the same o
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import socket
 import threading
@@ -227,6 +228,17 @@ class Runtime:
             with self._exec_lock:
                 work._run(fn, self._name_failure)
         return work
+
+    def submit_op(self, op, *, sync: bool) -> Work:
+        """Queue ``op`` as :meth:`submit` queues a function: an engine request with a ``group`` and a
+        ``run(channel)`` method (:mod:`ringlet.engine.requests`). When its turn comes, the runtime takes
+        the channel of ``op.group`` for it (in execution order, so the tags agree on every member) and
+        runs ``op.run(channel)``; the handle gives its result. The request never calls back into the
+        runtime: everything it needs from it is the channel."""
+        return self.submit(functools.partial(self._run_op, op), sync=sync)
+
+    def _run_op(self, op) -> Any:
+        return op.run(self.channel(op.group))
 
     def _name_failure(self, exc: PeerError) -> BaseException:
         """``exc``, or the error that names the rank that caused it when the liveness monitor knows (a

@@ -5,7 +5,8 @@ sufficient-factors path all reach the network through the operations of this pac
 
 Below it: the schedules and the executor (:mod:`ringlet.algorithms`) and the transports. It does not
 import the tuning package: whoever builds a :class:`~ringlet.engine.channel.Channel` (the runtime)
-hands it the algorithm selector. A core all-reduce runs :func:`ringlet.engine.ops.allreduce_op_`: the
-transport's one small-message path (:mod:`.small`, the check in band) where it takes the message, else
-the metadata agreed (:mod:`.agree`), the algorithm selected, its schedule executed.
+hands it the algorithm selector. The core API queues one request per call (:mod:`.requests`), which the
+runtime runs with the op's channel. Every all-reduce enters at :func:`ringlet.engine.allreduce.allreduce_`,
+the one entry that chooses the path (the transport's small-message path with the check in band, the
+compressed all-reduce, or the metadata agreed and a selected schedule executed) and calls down into it.
 """

@@ -10,7 +10,7 @@ step 16 bits. Steps in the upper half (``META_STEP`` and above) carry an op's me
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -44,6 +44,13 @@ class Channel:
     timeout: float | None = None
     workspace: dict | None = None
     selector: Any = None
+    peers: tuple[int, ...] = field(init=False)  # transport rank of each schedule rank (the group's ranks)
+    size: int = field(init=False)  # members of the group
+
+    def __post_init__(self) -> None:
+        # Plain fields, not properties: the executor reads them without calling back into this module.
+        object.__setattr__(self, "peers", self.group.ranks)
+        object.__setattr__(self, "size", self.group.size)
 
     @staticmethod
     def world(transport, tag: int = 0, *, segment_bytes: int = 4 << 20, timeout: float | None = None,
@@ -52,15 +59,6 @@ class Channel:
         bootstrapping (the hostname exchange) and for running schedules directly in tests."""
         everyone = Group(-1, tuple(range(transport.size)), (0,) * transport.size)
         return Channel(transport, everyone, transport.rank, tag, segment_bytes, timeout, workspace, selector)
-
-    @property
-    def peers(self) -> tuple[int, ...]:
-        """Transport rank of each schedule rank."""
-        return self.group.ranks
-
-    @property
-    def size(self) -> int:
-        return self.group.size
 
     def meta(self) -> "Channel":
         """The same op's channel for its metadata exchange (tags that never meet its data's)."""

@@ -45,6 +45,7 @@ page fault per 4 KiB every call).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -238,13 +239,11 @@ def _gather(job: _Job, work: torch.Tensor) -> torch.Tensor:
 
 
 def _custom(job: _Job, work: torch.Tensor) -> torch.Tensor:
-    ch, red = job.ch, reduction(ReduceOp.SUM)
-
-    def allreduce(t: torch.Tensor) -> None:
-        # Consecutive calls reuse the channel's tags: messages of one (sender, receiver, tag) match in
-        # the order they were posted, and every member makes the same calls in the same order.
-        ops.allreduce_(ch, t, red, job.algorithm)
-
+    # The compressor's schedule gets the engine's schedule all-reduce itself (an in-place float32 SUM),
+    # not a function of this module: its calls go down to the executor without coming back here.
+    # Consecutive calls reuse the channel's tags: messages of one (sender, receiver, tag) match in the
+    # order they were posted, and every member makes the same calls in the same order.
+    allreduce = functools.partial(ops.allreduce_, job.ch, red=reduction(ReduceOp.SUM), algorithm=job.algorithm)
     shapes = None if job.shapes is None else [tuple(s) for s in job.shapes]
     out = job.comp.allreduce_(work, job.state, allreduce, shapes)
     return job.scale_(work if out is None else out)

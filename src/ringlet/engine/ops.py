@@ -13,9 +13,9 @@ Where more than one algorithm could run, the channel's selector (``Channel.selec
 :class:`ringlet.tuning.select.Selector`, handed over by whoever built the channel) chooses; this module
 does not import the tuning package.
 
-The core API's all-reduce is :func:`allreduce_op_`, one straight line: the transport's small-message
-path (:mod:`ringlet.engine.small`, the check in band) where it takes the message, else the metadata
-agreed (:mod:`ringlet.engine.agree`), the algorithm selected, its schedule executed.
+Every front end's all-reduce enters the engine at :func:`ringlet.engine.allreduce.allreduce_`, which
+chooses between the transport's small-message path, the compressed all-reduce and :func:`allreduce_`
+(the schedule this module runs) and calls down into them.
 """
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ from ..algorithms import ALLREDUCE, AUTO, NATIVE, binomial, direct, ring
 from ..algorithms import alltoall as alltoall_alg
 from ..algorithms import barrier as barrier_alg
 from ..types import Reduction, dtype_name
-from . import agree, small
 from .channel import Channel
-from .meta import Meta
 
 _ALLGATHER = {"ring": ring.allgather, "direct": direct.allgather}
 
@@ -63,35 +61,6 @@ def row_numel(t: torch.Tensor) -> int:
 
 
 # ---- all-reduce -------------------------------------------------------------------------------
-def allreduce_op_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO, pre: float = 1.0,
-                  post: float = 1.0, meta: Meta | None = None) -> str:
-    """One all-reduce op of ``flat`` in place, as the core API runs it; returns the algorithm that ran
-    (``"small"`` for the transport's small-message path, ``""`` when nothing moved). With ``meta``,
-    every member's record is compared first and a mismatch raises the same
-    :class:`~ringlet.types.MismatchError` on every member before ``flat`` is written: in band on the
-    small path (:func:`small_allreduce_`), else by :func:`ringlet.engine.agree.agree`, then
-    :func:`allreduce_`."""
-    if small_allreduce_(ch, flat, red, algorithm, pre, post, meta):
-        return "small"
-    if meta is not None:
-        agree.agree(ch, meta)
-    return allreduce_(ch, flat, red, algorithm, pre, post)
-
-
-def small_allreduce_(ch: Channel, flat: torch.Tensor, red: Reduction, algorithm: str = AUTO,
-                     pre: float = 1.0, post: float = 1.0, meta: Meta | None = None) -> bool:
-    """Reduce ``flat`` in place over the transport's small-message path (:mod:`ringlet.engine.small`,
-    with ``meta`` checked in band when given) and return True, when ``algorithm`` is ``"auto"`` and
-    the path takes ``flat``'s size on this group; else return False, untouched."""
-    how = small.carrier(ch) if algorithm == AUTO else None
-    if how is None or flat.numel() * flat.element_size() > ch.transport.capabilities.small_bytes:
-        return False
-    src = None if pre == 1.0 else scale_(flat.clone(), pre)
-    small.allreduce_(ch, flat, red, meta, src, how=how)
-    finish_(flat, red, ch.size, post)
-    return True
-
-
 def _selector(ch: Channel):
     """The channel's algorithm selector; ``ValueError`` when whoever built the channel handed none."""
     if ch.selector is None:

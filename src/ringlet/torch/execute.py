@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from ringlet import timeline
+from ringlet.engine import allreduce as engine_allreduce
 from ringlet.engine import ops
 from ringlet.tuning import select
 from ringlet.types import reduction
@@ -41,11 +42,10 @@ class Runner:
 
     def allreduce_flat(self, g, flat: torch.Tensor, op: int, pre: float, post: float) -> None:
         """All-reduce ``flat`` in place with the algorithm the core would choose (``RINGLET_ALGORITHM``
-        or ``auto``)."""
+        or ``auto``), through the engine's one all-reduce entry (:func:`ringlet.engine.allreduce.allreduce_`)
+        without a record: negotiation already checked the members' metadata."""
         algo = select.requested(None, self.rt.options.algorithm)
-        ch, red = self._channel(g), reduction(op)
-        if not ops.small_allreduce_(ch, flat, red, algo, pre, post):
-            ops.allreduce_(ch, flat, red, algo, pre, post)
+        engine_allreduce.allreduce_(self._channel(g), flat, reduction(op), algo, pre, post)
 
     # ---- all-reduce with fusion --------------------------------------------------------------
     @staticmethod
