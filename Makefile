@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 # CPU build (e.g. TORCH_SPEC="torch --index-url <your CPU wheel index>") to avoid a multi-GB CUDA wheel.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# The in-process tests run on two pytest-xdist workers (each holds one core: its ranks are threads);
-# the real-process tests run one job at a time (a job's ranks keep the cores busy themselves). Both
-# halves always run; the target fails if either failed (exit 5, nothing selected, is no failure).
-XDIST ?= -n 2
+# One pytest run over both folders on three pytest-xdist workers, a test file per worker at a time: the
+# real-process jobs spend much of their time waiting (rendezvous, timeouts), and the in-process tests
+# fill those gaps (the suite is CPU-bound on 2 cores; docs/testing.md).
+XDIST ?= -n 3 --dist loadfile
 
 .PHONY: setup demo test test-slow bench clean
 
@@ -25,15 +25,12 @@ demo: setup
 	$(VENV)/bin/ringlet demo
 
 test: setup
-	$(VENV)/bin/pytest -q $(XDIST) tests/unit $(PYTEST_ARGS); u=$$?; \
-	$(VENV)/bin/pytest -q tests/multiproc $(PYTEST_ARGS); m=$$?; \
-	for s in $$u $$m; do [ $$s -eq 0 ] || [ $$s -eq 5 ] || exit 1; done
+	$(VENV)/bin/pytest -q $(XDIST) tests/unit tests/multiproc $(PYTEST_ARGS)
 
 # The long fuzz runs (marked slow; `make test` leaves them out).
 test-slow: setup
-	$(VENV)/bin/pytest -q $(XDIST) -m slow tests/unit $(PYTEST_ARGS); u=$$?; \
-	$(VENV)/bin/pytest -q -m slow tests/multiproc $(PYTEST_ARGS); m=$$?; \
-	for s in $$u $$m; do [ $$s -eq 0 ] || [ $$s -eq 5 ] || exit 1; done
+	$(VENV)/bin/pytest -q $(XDIST) -m slow tests/unit tests/multiproc $(PYTEST_ARGS); s=$$?; \
+	[ $$s -eq 0 ] || [ $$s -eq 5 ]
 
 bench: setup
 	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_one_host/allreduce_bench.py
