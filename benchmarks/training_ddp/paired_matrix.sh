@@ -2,7 +2,8 @@
 # The default dense path against torch's DDP: each model paired in one job with torch DDP, ringlet's
 # DDP and the Horovod-style DistributedOptimizer, in two jobs per model: without hvd.init() in the job
 # (torch, ringlet, ringlet forced to the backend's own all-reduce) and with it (torch, ringlet, hvd).
-# The MLP runs with sufficient factors off (dense bytes only). Needs root and an otherwise idle machine.
+# Sufficient factors are off in every ringlet arm (the same bytes as torch's DDP; what they buy is in
+# benchmarks/horovod_optimizer). Needs root and an otherwise idle machine.
 #   usage: sudo benchmarks/training_ddp/paired_matrix.sh [cnn] [mlp] [transformer]   (default: all three)
 #   ROUNDS=8 rounds per job; OUT=dir (default benchmarks/training_ddp/results)
 set -euo pipefail
@@ -17,12 +18,11 @@ trap '"$RINGLET" cluster down >/dev/null 2>&1 || true' EXIT
 "$RINGLET" cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5 --replace >/dev/null
 
 arms_for() {  # model, job (nohvd | hvd)
-  local dense="" hdense=""
-  [ "$1" = mlp ] && dense=":sufficient_factors=off" && hdense=":sufficient_factors=off"
+  local dense=":sufficient_factors=off"
   if [ "$2" = nohvd ]; then
-    echo "torch ringlet$dense ringlet${dense:-:}${dense:+,}algorithm=native"
+    echo "torch ringlet$dense ringlet$dense,algorithm=native"
   else
-    echo "torch ringlet$dense hvd$hdense"
+    echo "torch ringlet$dense hvd$dense"
   fi
 }
 
