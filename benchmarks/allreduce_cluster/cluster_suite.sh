@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the issue-3 results in benchmarks/allreduce_cluster/results/: (a) one host, 4 ranks; (b) 4 emulated hosts x 1 rank
+# Reproduces the results in benchmarks/allreduce_cluster/results/: (a) one host, 4 ranks; (b) 4 emulated hosts x 1 rank
 # at 1 Gbit/s; (c) 2 hosts x 2 ranks at 1 Gbit/s; (d) 4 hosts x 1 rank at 10 Gbit/s.
 # Needs root (emulated hosts) and an otherwise idle machine: these are ratios of implementations measured in
 # the same run, but a second workload on 2 cores still distorts latencies.
