@@ -18,7 +18,9 @@ during backward propagates there; :meth:`BoundedLaunch.wait` finishes every buck
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .launch_fifo import finish_each
 
 if TYPE_CHECKING:
     from .buckets import Bucket, BucketSet
@@ -81,19 +83,19 @@ class BoundedLaunch:
         self._flight.append(b)
 
     def _finish_oldest(self) -> None:
-        b = self._flight.popleft()
-        b.reduction.finish(b, b.work.wait())
+        self._finish(self._flight.popleft())
 
     def wait(self) -> None:
         """Finish every launched bucket, oldest first, then raise the first error, if any."""
-        error: BaseException | None = None
+        finish_each(self._oldest_first(), self._finish)
+
+    def _oldest_first(self) -> Iterator[Bucket]:
         while self._flight:
-            try:
-                self._finish_oldest()
-            except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
-                error = error or exc
-        if error is not None:
-            raise error
+            yield self._flight.popleft()
+
+    @staticmethod
+    def _finish(b: Bucket) -> None:
+        b.reduction.finish(b, b.work.wait())
 
     def deliver(self, marks: StepMarks) -> None:
         for b in self._buckets:

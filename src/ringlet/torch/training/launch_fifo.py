@@ -12,7 +12,7 @@ soon as it is full, for name-matched collectives). The other launcher is
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ringlet import timeline
 
@@ -22,7 +22,20 @@ if TYPE_CHECKING:
     from .buckets import Bucket, BucketSet
     from .reduction import StepMarks
 
-__all__ = ["FifoLaunch", "EagerLaunch"]
+__all__ = ["FifoLaunch", "EagerLaunch", "finish_each"]
+
+
+def finish_each(buckets: Iterable[Bucket], finish: Callable[[Bucket], None]) -> None:
+    """``finish(b)`` for every bucket (``buckets`` may be consumed as it goes), then the first error
+    raised, if any: an error does not stop the others, so no bucket is left in flight."""
+    error: BaseException | None = None
+    for b in buckets:
+        try:
+            finish(b)
+        except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 class FifoLaunch:
@@ -66,15 +79,12 @@ class FifoLaunch:
 
     def wait(self) -> None:
         """Wait for every bucket, then raise the first error, if any."""
-        error: BaseException | None = None
-        for b in self._buckets:
-            try:
-                b.reduction.finish(b, b.work.wait())
-                b.validated.add(b.algo)
-            except BaseException as exc:  # noqa: BLE001 - keep waiting so no bucket is left in flight
-                error = error or exc
-        if error is not None:
-            raise error
+        finish_each(self._buckets, self._finish)
+
+    @staticmethod
+    def _finish(b: Bucket) -> None:
+        b.reduction.finish(b, b.work.wait())
+        b.validated.add(b.algo)
 
     def deliver(self, marks: StepMarks) -> None:
         for b in self._buckets:
