@@ -1,4 +1,4 @@
-"""Print the issue-3 target ratios from the JSON files of ``benchmarks/allreduce_cluster/cluster_suite.sh``.
+"""Print the target ratios from the JSON files of ``benchmarks/allreduce_cluster/cluster_suite.sh``.
 
     python benchmarks/allreduce_cluster/summarize.py [benchmarks/allreduce_cluster/results]
 

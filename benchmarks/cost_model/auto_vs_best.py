@@ -4,7 +4,7 @@
 
 Per size: the time of ``ringlet:auto`` over the best fixed algorithm's (in-place and out-of-place
 times averaged, as both ran in the same job), the best and worst fixed algorithms, and auto's rank
-among all of them. The issue-18 target: within 10% of the best at every size, and never the worst.
+among all of them. The target: within 10% of the best at every size, and never the worst.
 
 Where the sweep ran with ``--predict PROFILE`` and that file is at hand, two more columns tell the
 choice from the timing: the algorithm ``auto`` chose (the profile's model, as ``RINGLET_PROFILE`` installed

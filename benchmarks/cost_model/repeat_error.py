@@ -1,4 +1,4 @@
-"""The bed's own noise in the units of issue 18's accuracy target: one ``ringlet bench`` sweep taken as the
+"""The bed's own noise in the units of the cost model's accuracy target: one ``ringlet bench`` sweep taken as the
 "prediction" of a repeat of the same sweep (same cluster, same commit, same profile), per algorithm.
 
     python benchmarks/cost_model/repeat_error.py --label "4x1, 1 Gbit/s" A_small.json A.json -- B_small.json B.json

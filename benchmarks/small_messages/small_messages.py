@@ -1,4 +1,4 @@
-"""Small all-reduces (4 B - 64 KiB) beside MPICH's MPI_Allreduce in the same job: the table of issue 16, item 6.
+"""Small all-reduces (4 B - 64 KiB) beside MPICH's MPI_Allreduce in the same job.
 
     ringlet run -np 4 --transport mpi -- python benchmarks/small_messages/small_messages.py --ringlet-transport shm --gloo
     ringlet run --cluster --transport mpi -- python benchmarks/small_messages/small_messages.py --ringlet-transport mpi --gloo

@@ -1,4 +1,4 @@
-"""Print the issue-4 training table from ``benchmarks/training_ddp/training_cluster.sh``'s logs and reports.
+"""Print the training table from ``benchmarks/training_ddp/training_cluster.sh``'s logs and reports.
 
     python benchmarks/training_ddp/summarize_training.py [benchmarks/training_ddp/results/cluster_4x1_1gbit]
 

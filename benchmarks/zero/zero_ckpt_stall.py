@@ -1,5 +1,5 @@
 """How long a checkpoint stops training: a synchronous save against an asynchronous one of the same ZeRO
-state, in one job (issue 19's target: the asynchronous stall ≤ 1/20 of the synchronous one).
+state, in one job (the target: the asynchronous stall ≤ 1/20 of the synchronous one).
 
     ringlet run -np 4 --transport shm -- python benchmarks/zero/zero_ckpt_stall.py --dir /tmp/ckpt --out stall.json
 

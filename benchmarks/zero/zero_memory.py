@@ -1,4 +1,4 @@
-"""Peak memory per rank of ringlet's DDP and of ZeRO stages 1-3, beside the theory (issue 19).
+"""Peak memory per rank of ringlet's DDP and of ZeRO stages 1-3, beside the theory.
 
     python benchmarks/zero/zero_memory.py --np 4 --out benchmarks/zero/results/memory_4r_100M.md
 

@@ -1,4 +1,4 @@
-"""The simulator against the textbook facts of collective algorithms (issue 18, Show: the simulator).
+"""The simulator against the textbook facts of collective algorithms.
 
 All on the modelled network of :mod:`ringlet.tuning.network`: α/β per link class, γ per reduced byte.
 """
