@@ -22,13 +22,13 @@ import copy
 import dataclasses
 import json
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import ringlet
+from case_harness import run_cases
 from ringlet import timeline
 from ringlet.torch import hooks
 from ringlet.torch.training.ddp import DistributedDataParallel
@@ -614,19 +614,7 @@ def main() -> int:
         ("timeline", case_timeline(rank, world, out + ".trace.json")),
         ("coordinated", case_coordinated(rank, world, pg)),
     ]
-    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
-    summary = {"rank": rank, "world": world, "passed": [], "failed": [], "numbers": {}}
-    for name, fn in cases:
-        if only and name not in only:
-            continue
-        try:
-            fn(summary["numbers"])
-            summary["passed"].append(name)
-        except Exception as exc:  # noqa: BLE001 - recorded per case; the test prints it
-            summary["failed"].append({"case": name, "error": f"{type(exc).__name__}: {exc}",
-                                      "trace": traceback.format_exc()[-3000:]})
-        with open(f"{out}.rank{rank}", "w") as f:
-            json.dump(summary, f, indent=1)
+    run_cases(cases, out, rank, world, sys.argv[2].split(",") if len(sys.argv) > 2 else None)
     try:
         import ringlet.torch as hvd
 
