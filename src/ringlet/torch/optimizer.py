@@ -110,19 +110,17 @@ class _DistributedOptimizer:
 
     def _dense_algorithm(self, named: bool) -> str:
         """The all-reduce algorithm of the fused, uncompressed buckets: the backend's own (``"native"``, as
-        Horovod over Gloo runs Gloo's) where the transport declares every parameter's dtype for it, no cost
-        model is installed to rank ringlet's schedules against it, the process set is the world, and neither
-        ``RINGLET_ALGORITHM`` nor a coordinator chooses; otherwise ``"auto"``. ringlet's DDP decides the same question by a timed trial
-        (docs/training.md, "The step tuner"); benchmarks/training_ddp measures both."""
+        Horovod over Gloo runs Gloo's) where the transport declares every parameter's dtype for it, no
+        cost model is installed to rank ringlet's schedules against it, the process set is the world (the
+        only group the backend's own all-reduce runs over) and neither ``RINGLET_ALGORITHM`` nor a
+        coordinator chooses; otherwise ``"auto"``. ringlet's DDP decides the same question by a timed
+        trial (docs/training.md, "The step tuner"); benchmarks/training_ddp measures both."""
         rt = _core.runtime()
-        if named or self._compression is not Compression.none or not self._requires_update:
-            return "auto"
-        if self.process_set.ranks != list(range(_world_size())):
-            return "auto"  # the backend's own all-reduce runs over the whole world only
-        if rt.selector.model is not None or _core.resolve_algorithm("auto", rt) != "auto":
-            return "auto"
-        native = rt.transport.capabilities.native_dtypes
-        return "native" if all(p.dtype in native for p in self._requires_update) else "auto"
+        native = (not named and self._compression is Compression.none
+                  and self.process_set.ranks == list(range(_world_size()))
+                  and rt.selector.model is None and _core.resolve_algorithm("auto", rt) == "auto"
+                  and rt.transport.capabilities.native_takes(self._requires_update))
+        return "native" if native else "auto"
 
     def _fixed_order(self) -> bool:
         """Whether the plain reductions are fused and launched in a fixed order (no ``groups``, op Average

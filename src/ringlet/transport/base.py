@@ -128,6 +128,12 @@ class Capabilities:
     group_setup: bool = False
     native_dtypes: frozenset = frozenset()
 
+    def native_takes(self, tensors) -> bool:
+        """Whether the backend's own all-reduce takes every one of ``tensors`` (a non-empty collection
+        whose dtypes are all in :attr:`native_dtypes`)."""
+        tensors = list(tensors)
+        return bool(tensors) and all(t.dtype in self.native_dtypes for t in tensors)
+
     def __post_init__(self) -> None:
         if self.small_path not in SMALL_PATHS:
             raise ValueError(f"small_path must be one of {SMALL_PATHS}, got {self.small_path!r}")

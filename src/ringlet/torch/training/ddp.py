@@ -207,9 +207,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
 
     def _native_fits(self) -> bool:
         """Whether the backend's own all-reduce takes every dense bucket (uncompressed, its dtypes)."""
-        native = _core.runtime().transport.capabilities.native_dtypes
-        return self.options.compression is None and bool(self._params) and all(
-            p.dtype in native for p in self._params)
+        caps = _core.runtime().transport.capabilities
+        return self.options.compression is None and caps.native_takes(self._params)
 
     def _bucket_algorithm(self) -> str:
         """The algorithm the buckets request now: the step tuner's, until dynamic adjustment took over."""
