@@ -174,15 +174,16 @@ STUCK = """
 import os, time, torch
 import ringlet.torch as hvd
 if os.environ["RINGLET_ELASTIC_ID"] == "1":
-    time.sleep(120)  # never joins: stuck before init
+    time.sleep(300)  # never joins: stuck before init
 hvd.init()
 print("done", hvd.rank(), hvd.size(), hvd.allreduce(torch.ones(1), op=hvd.Sum).item(), flush=True)
 """
 
 
 def test_a_member_that_never_joins_is_stopped_after_the_elastic_timeout():
-    job = run_job(["--elastic", "-np", "2", "--min-np", "1", "--elastic-timeout", "5", "--",
+    # The timeout covers starting Python and importing torch, which takes several seconds on a loaded machine.
+    job = run_job(["--elastic", "-np", "2", "--min-np", "1", "--elastic-timeout", "30", "--",
                    sys.executable, "-c", STUCK], timeout=JOB_TIMEOUT, env=ENV)
     assert job.returncode == 0, job_report(job)
-    assert "worker 1 did not join generation 0 within 5s; stopping it" in job.stderr, job_report(job)
+    assert "worker 1 did not join generation 0 within 30s; stopping it" in job.stderr, job_report(job)
     assert "generation 1: 1 rank(s) (workers 0)" in job.stderr and "done 0 1 1.0" in job.stdout, job_report(job)
