@@ -304,19 +304,28 @@ def reduce_scatter_async(tensor, op=ReduceOp.SUM, group=None, prescale_factor=1.
 
 
 # ---- all-to-all ---------------------------------------------------------------------------------
-def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None) -> Work:
+def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None,
+                   algorithm: str = "auto") -> Work:
     rt = runtime()
     _check_tensor(tensor)
+    algorithm = select.alltoall(algorithm)
     g = _group(rt, group)
     splits = args.alltoall_splits(splits, tensor, g.size)
     src = tensor.clone()
-    return rt.submit_op(AlltoallRequest(g, src, tuple(splits), rt.options.check), sync=False)
+    return rt.submit_op(AlltoallRequest(g, src, tuple(splits), rt.options.check, algorithm), sync=False)
 
 
-def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None):
+def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None,
+             algorithm: str = "auto"):
     """Send ``splits[d]`` rows (dim 0) to rank ``d``; return ``(output, received_splits)`` where the
-    output concatenates the received rows in rank order. Without ``splits`` dim 0 is split evenly."""
-    return alltoall_async(tensor, splits, group).wait()
+    output concatenates the received rows in rank order. Without ``splits`` dim 0 is split evenly.
+
+    ``algorithm``: ``"pairwise"`` (p-1 steps, one message per rank each), ``"hierarchical"`` (gather
+    inside each host, one exchange between hosts; on one host it is a one-step direct exchange),
+    ``"bruck"`` (ceil(log2 p) rounds, for small messages) or ``"auto"`` (the runtime's selector picks
+    from the exchanged counts: :func:`ringlet.tuning.select.alltoall_choice`). docs/algorithms.md,
+    "All-to-all". ``ValueError`` for an unknown name."""
+    return alltoall_async(tensor, splits, group, algorithm).wait()
 
 
 # ---- barrier ------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 """Algorithms decide what goes where. Each builder returns a :class:`Schedule`; none imports a transport.
 
 Registries map public algorithm names to builders with one signature per collective:
-``allreduce(p, count, host_of) -> Schedule`` where ``host_of[r]`` is the host index of group rank ``r``.
+``allreduce(p, count, host_of) -> Schedule`` where ``host_of[r]`` is the host index of group rank ``r``;
+``alltoall(p, send_counts, host_of) -> Schedule`` where ``send_counts[r][d]`` elements go from ``r`` to
+``d`` (see :mod:`.alltoall` for its buffers, scratch and local copies).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from . import (alltoall, barrier, binomial, direct, halving_doubling, hierarchical, recursive_doubling, ring, torus,
-               tree)
+from . import (alltoall, alltoall_hierarchical, barrier, binomial, bruck, direct, halving_doubling, hierarchical,
+               recursive_doubling, ring, torus, tree)
 from .schedule import Schedule, ScheduleBuilder, Transfer, even_split
 
 AllreduceBuilder = Callable[[int, int, tuple[int, ...]], Schedule]
@@ -21,6 +23,14 @@ ALLREDUCE: dict[str, AllreduceBuilder] = {
     "direct": lambda p, n, host_of: direct.allreduce(p, n),
     "torus": lambda p, n, host_of: torus.allreduce(p, n, tuple(host_of)),
     "hierarchical": lambda p, n, host_of: hierarchical.allreduce(p, n, tuple(host_of)),
+}
+
+AlltoallBuilder = Callable[[int, tuple[tuple[int, ...], ...], tuple[int, ...]], Schedule]
+
+ALLTOALL: dict[str, AlltoallBuilder] = {
+    "pairwise": lambda p, counts, host_of: alltoall.pairwise(p, counts),
+    "hierarchical": lambda p, counts, host_of: alltoall_hierarchical.hierarchical(p, counts, tuple(host_of)),
+    "bruck": lambda p, counts, host_of: bruck.bruck(p, counts),
 }
 
 # "native" is the backend's own all-reduce; it has no schedule and is dispatched by the collective.
@@ -45,6 +55,6 @@ def allreduce_names() -> list[str]:
     return sorted(ALLREDUCE) + [NATIVE]
 
 
-__all__ = ["ALLREDUCE", "ALIASES", "AUTO", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer", "even_split",
-           "allreduce_names", "alltoall", "barrier", "binomial", "direct", "halving_doubling", "hierarchical",
-           "recursive_doubling", "ring", "torus", "tree"]
+__all__ = ["ALLREDUCE", "ALLTOALL", "ALIASES", "AUTO", "NATIVE", "Schedule", "ScheduleBuilder", "Transfer",
+           "even_split", "allreduce_names", "alltoall", "alltoall_hierarchical", "barrier", "binomial", "bruck",
+           "direct", "halving_doubling", "hierarchical", "recursive_doubling", "ring", "torus", "tree"]

@@ -24,9 +24,10 @@ from typing import Sequence
 
 import torch
 
-from ..algorithms import ALLREDUCE, AUTO, NATIVE, binomial, direct, ring
+from ..algorithms import ALLREDUCE, ALLTOALL, AUTO, NATIVE, binomial, direct, ring
 from ..algorithms import alltoall as alltoall_alg
 from ..algorithms import barrier as barrier_alg
+from ..algorithms.scratch import scratch
 from ..types import Reduction, dtype_name
 from .channel import Channel
 
@@ -164,10 +165,12 @@ def reduce_(ch: Channel, flat: torch.Tensor, root: int, red: Reduction) -> None:
 
 # ---- all-to-all and barrier ---------------------------------------------------------------------------
 def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]],
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
+                  out: torch.Tensor | None = None, algorithm: str = AUTO) -> tuple[torch.Tensor, list[int]]:
     """Member ``s`` sends ``all_splits[s][d]`` rows of its ``t`` to member ``d``; returns the received
     rows concatenated in rank order (in ``out`` when given: contiguous, of that shape and ``t``'s dtype)
-    and how many came from each member."""
+    and how many came from each member. ``algorithm``: a name of :data:`ringlet.algorithms.ALLTOALL`, or
+    ``"auto"`` (the channel's selector chooses from the count matrix:
+    :func:`ringlet.tuning.select.alltoall_choice`)."""
     me = ch.rank
     row = row_numel(t)
     recv = [all_splits[s][me] for s in range(ch.size)]
@@ -179,7 +182,19 @@ def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[in
     dst[r_off:r_off + n_self].copy_(src[s_off:s_off + n_self])
     if ch.size > 1:
         counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
-        ch.run(alltoall_alg.pairwise(ch.size, counts), (dst, src))
+        host_of = tuple(ch.group.host_of)
+        name = algorithm
+        if name not in ALLTOALL:
+            name = _selector(ch).alltoall(algorithm, counts, t.element_size(), host_of)
+        schedule = ALLTOALL[name](ch.size, counts, host_of)
+        need = alltoall_alg.scratch_elems(schedule, me)
+        work = scratch(ch.workspace, need, dst, key="engine.alltoall") if need else dst[:0]
+        bufs = (dst, src, work)
+
+        def run_step(k: int, sched) -> None:
+            (ch if k == 0 else dataclasses.replace(ch, tag=ch.tag + k)).run(sched, bufs)
+
+        alltoall_alg.run_rounds(schedule, me, bufs, run_step)
     return out, recv
 
 

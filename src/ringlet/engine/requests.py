@@ -157,17 +157,21 @@ class ReduceScatterRequest:
 
 @dataclass(slots=True)
 class AlltoallRequest:
-    """An all-to-all of ``tensor``'s rows, ``splits[d]`` of them to member ``d``: ``(output, received
-    splits)``. The members' splits are always exchanged (compared when ``check``)."""
+    """An all-to-all of ``tensor``'s rows, ``splits[d]`` of them to member ``d``, by ``algorithm`` (a
+    name of :func:`ringlet.tuning.select.alltoall`): ``(output, received splits)``. The members' splits
+    are always exchanged (compared, with a forced algorithm, when ``check``)."""
 
     group: Group
     tensor: torch.Tensor
     splits: tuple[int, ...]
     check: bool
+    algorithm: str = AUTO
 
     def run(self, ch: Channel) -> tuple[torch.Tensor, list[int]]:
-        metas = agree.records(ch, Meta.of("", Kind.ALLTOALL, self.tensor, splits=self.splits), check=self.check)
-        return ops.alltoall_rows(ch, self.tensor, [m.splits for m in metas])
+        algo = self.algorithm
+        meta = Meta.of("", Kind.ALLTOALL, self.tensor, splits=self.splits, algorithm="" if algo == AUTO else algo)
+        metas = agree.records(ch, meta, check=self.check)
+        return ops.alltoall_rows(ch, self.tensor, [m.splits for m in metas], algorithm=algo)
 
 
 @dataclass(slots=True)

@@ -4,8 +4,9 @@ Every builder has the all-reduce registry's shape, ``build(p, count, host_of) ->
 ``count`` is the collective's size in elements as nccl-tests counts it: the vector for all-reduce,
 broadcast and reduce; the whole gathered (scattered) buffer for all-gather (reduce-scatter), split
 evenly into the ranks' blocks; each rank's whole send buffer for all-to-all, split evenly over the
-destinations. All-reduce takes :data:`ringlet.algorithms.ALLREDUCE` as it is, so an algorithm added
-there is simulated without new code here.
+destinations. All-reduce takes :data:`ringlet.algorithms.ALLREDUCE` and all-to-all
+:data:`ringlet.algorithms.ALLTOALL` as they are, so an algorithm added there is simulated without new
+code here (all-to-all's local copies between steps cost nothing in the replay).
 
 ``busbw = algbw · factor(p)`` with nccl-tests' factors: ``2(p-1)/p`` for all-reduce, ``(p-1)/p`` for
 all-gather, reduce-scatter and all-to-all, 1 for broadcast and reduce.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from ..algorithms import ALIASES, ALLREDUCE, alltoall, binomial, direct, ring
+from ..algorithms import ALIASES, ALLREDUCE, ALLTOALL, binomial, direct, ring
 from ..algorithms.schedule import Schedule, even_split
 
 Builder = Callable[[int, int, tuple[int, ...]], Schedule]
@@ -25,9 +26,10 @@ def _blocks(count: int, p: int) -> tuple[int, ...]:
     return tuple(c for _, c in even_split(count, p))
 
 
-def _alltoall(p: int, count: int, host_of: tuple[int, ...]) -> Schedule:
-    row = _blocks(count, p)
-    return alltoall.pairwise(p, (row,) * p)
+def _alltoall(name: str) -> Builder:
+    def build(p: int, count: int, host_of: tuple[int, ...]) -> Schedule:
+        return ALLTOALL[name](p, (_blocks(count, p),) * p, tuple(host_of))
+    return build
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ COLLECTIVES: dict[str, Collective] = {
     }, _pairs_factor),
     "broadcast": Collective("broadcast", {"binomial": lambda p, n, h: binomial.broadcast(p, n, 0)}, lambda p: 1.0),
     "reduce": Collective("reduce", {"binomial": lambda p, n, h: binomial.reduce(p, n, 0)}, lambda p: 1.0),
-    "alltoall": Collective("alltoall", {"pairwise": _alltoall}, _pairs_factor),
+    "alltoall": Collective("alltoall", {name: _alltoall(name) for name in ALLTOALL}, _pairs_factor),
 }
 
 

@@ -2,8 +2,8 @@
 
 Front ends pass what the caller asked for (a name, or ``"auto"``); :func:`requested` applies the
 process-wide override (``RINGLET_ALGORITHM``) and validates names; :func:`allreduce_choice` (and its
-name-only form :func:`allreduce`), :func:`allgather` and :func:`allgather_choice` turn a request into what
-runs. Choices depend only on arguments that are identical on every member (group size, host layout,
+name-only form :func:`allreduce`), :func:`allgather` and :func:`allgather_choice`, :func:`alltoall` and
+:func:`alltoall_choice` turn a request into what runs. Choices depend only on arguments that are identical on every member (group size, host layout,
 byte count, the transport's capabilities, and the cost :class:`Model` when there is one, which every
 rank builds from the same constants), so every member picks the same algorithm without communicating.
 
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from ..algorithms import ALIASES, ALLREDUCE, AUTO, NATIVE, allreduce_names
 from ..algorithms import direct as _direct
 from ..algorithms import ring as _ring
+from .alltoall_select import alltoall, alltoall_choice, alltoall_rule
 from .model import Choice, Model
 
 __all__ = ["AUTO", "Capabilities", "Choice", "Model", "Selector", "requested", "schedule_rule", "allreduce",
-           "allreduce_choice", "allgather", "allgather_choice"]
+           "allreduce_choice", "allgather", "allgather_choice", "alltoall", "alltoall_rule", "alltoall_choice"]
 
 ALLGATHER_ALGORITHMS = ("ring", "direct")
 ALLGATHER_BUILDERS = {"ring": _ring.allgather, "direct": _direct.allgather}
@@ -129,6 +130,11 @@ class Selector:
     def allgather(self, name: str | None, counts: tuple[int, ...], itemsize: int, host_of: tuple[int, ...]) -> str:
         """:func:`allgather_choice` under this selector's model."""
         return allgather_choice(name, counts, itemsize, host_of, self.model)
+
+    def alltoall(self, name: str | None, send_counts: tuple[tuple[int, ...], ...], itemsize: int,
+                 host_of: tuple[int, ...]) -> str:
+        """:func:`ringlet.tuning.alltoall_select.alltoall_choice` under this selector's model."""
+        return alltoall_choice(name, send_counts, itemsize, host_of, self.model)
 
 
 def allgather(name: str | None) -> str:
