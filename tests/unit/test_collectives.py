@@ -10,7 +10,7 @@ import torch
 from conftest import OPS, make_input, run_world
 
 import ringlet
-from ringlet.algorithms import reference
+from ringlet.algorithms import ALLTOALL, reference
 from ringlet.types import ReduceOp
 
 WORLDS = range(1, 9)
@@ -181,12 +181,16 @@ def test_alltoall_with_splits(p, lazy):
         out, recv = ringlet.alltoall(inputs[rank], splits=splits[rank])
         out2, recv2 = ringlet.alltoall(even[rank])
         out3, recv3 = ringlet.alltoall_async(inputs[rank], splits=torch.tensor(splits[rank])).wait()
-        return out, recv, out2, recv2, out3, recv3
+        # Every schedule by name (tests/unit/test_alltoall.py checks them in depth).
+        named = [ringlet.alltoall_async(inputs[rank], splits[rank], None, algo).wait()[0] for algo in ALLTOALL]
+        return out, recv, out2, recv2, out3, recv3, named
 
     res = run_world(p, fn, lazy=lazy)
     expected = reference.alltoall(inputs, splits)
     assert_all_equal([x[0] for x in res], expected, "alltoall")
     assert_all_equal([x[4] for x in res], expected, "alltoall_async")
+    for i, algo in enumerate(ALLTOALL):
+        assert_all_equal([x[6][i] for x in res], expected, f"alltoall {algo}")
     for d in range(p):
         assert list(res[d][1]) == [splits[s][d] for s in range(p)]
         assert list(res[d][5]) == [splits[s][d] for s in range(p)]
