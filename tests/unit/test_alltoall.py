@@ -53,16 +53,12 @@ def interpret(sched, counts, inputs):
     copies = sched.meta.get("copies")
     if copies is None:
         return [b[0] for b in simulate(sched, bufs)]
-    apply = lambda k: [a2a.local_copy(copies[k][r], bufs[r]) for r in range(p)]  # noqa: E731
-    apply(0)
-    if sched.meta.get("rounds") is None:
-        bufs = simulate(sched, bufs)
-    else:
-        for k, one in enumerate(sched.meta["rounds"]):
-            if k:
-                apply(k)
-            bufs = simulate(one, bufs)
-    apply(-1)
+    for k, one in enumerate(a2a.rounds(sched)):
+        for r in range(p):
+            a2a.local_copy(copies[k][r], bufs[r])
+        bufs = simulate(one, bufs)
+    for r in range(p):
+        a2a.local_copy(copies[-1][r], bufs[r])
     return [b[0] for b in bufs]
 
 

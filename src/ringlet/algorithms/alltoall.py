@@ -15,13 +15,11 @@ boundaries of per-rank ``(n, 5)`` int64 arrays of ``(src_buf, src_offset, dst_bu
 copies. With ``meta["rounds"]`` (the steps as one-step schedules) there is a boundary before every
 step and one after the last, and the schedule runs round by round (Bruck packs each round's blocks
 together); without it there are two, before and after, and the steps run as one schedule (the
-two-level schedule puts each handler's own blocks beside the ones it gathers). :func:`run_rounds`
-runs either kind. The simulator and the cost model read the steps alone (local copies cost them
+two-level schedule puts each handler's own blocks beside the ones it gathers). :func:`rounds` gives
+what runs between the boundaries. The simulator and the cost model read the steps alone (local copies cost them
 nothing).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 import torch
@@ -31,7 +29,7 @@ from .schedule import Schedule, ScheduleBuilder
 
 Counts = tuple[tuple[int, ...], ...]
 
-__all__ = ["Counts", "matrix", "offsets", "pairwise", "scratch_elems", "local_copy", "run_rounds", "merge_pieces"]
+__all__ = ["Counts", "matrix", "offsets", "pairwise", "scratch_elems", "local_copy", "rounds", "merge_pieces"]
 
 
 def matrix(p: int, send_counts: Counts) -> np.ndarray:
@@ -94,22 +92,9 @@ def local_copy(copies: np.ndarray, buffers: tuple[torch.Tensor, ...]) -> None:
         buffers[db][do:do + c].copy_(buffers[sb][so:so + c])
 
 
-def run_rounds(schedule: Schedule, rank: int, buffers: tuple[torch.Tensor, ...],
-               run_step: Callable[[int, Schedule], None]) -> None:
-    """Run ``rank``'s part of ``schedule`` with its local copies (see the module doc). ``run_step(k,
-    sched)`` runs ``sched`` with the tags of step ``k`` onwards: ``(0, schedule)`` once for a schedule
-    run at once, ``(k, round_k)`` per round otherwise."""
-    copies = schedule.meta.get("copies")
-    if copies is None:
-        run_step(0, schedule)
-        return
-    local_copy(copies[0][rank], buffers)
-    rounds = schedule.meta.get("rounds")
-    if rounds is None:
-        run_step(0, schedule)
-    else:
-        for k, one in enumerate(rounds):
-            if k:
-                local_copy(copies[k][rank], buffers)
-            run_step(k, one)
-    local_copy(copies[-1][rank], buffers)
+def rounds(schedule: Schedule) -> tuple[Schedule, ...]:
+    """What runs between the boundaries of ``meta["copies"]``: the one-step schedules of
+    ``meta["rounds"]`` (round ``k`` with the tags of step ``k``), or the schedule itself. A rank runs
+    boundary 0's copies, then each round followed by the next boundary's copies (after the last round,
+    the last boundary's)."""
+    return schedule.meta.get("rounds") or (schedule,)

@@ -189,13 +189,21 @@ def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[in
         schedule = ALLTOALL[name](ch.size, counts, host_of)
         need = alltoall_alg.scratch_elems(schedule, me)
         work = scratch(ch.workspace, need, dst, key="engine.alltoall") if need else dst[:0]
-        bufs = (dst, src, work)
-
-        def run_step(k: int, sched) -> None:
-            (ch if k == 0 else dataclasses.replace(ch, tag=ch.tag + k)).run(sched, bufs)
-
-        alltoall_alg.run_rounds(schedule, me, bufs, run_step)
+        _run_alltoall(ch, schedule, (dst, src, work))
     return out, recv
+
+
+def _run_alltoall(ch: Channel, schedule, bufs: tuple[torch.Tensor, ...]) -> None:
+    """Run an all-to-all schedule with its local copies (:mod:`ringlet.algorithms.alltoall`): round
+    ``k`` with the tags of step ``k``, each boundary's copies before it and the last boundary's after."""
+    copies = schedule.meta.get("copies")
+    if copies is None:
+        ch.run(schedule, bufs)
+        return
+    for k, one in enumerate(alltoall_alg.rounds(schedule)):
+        alltoall_alg.local_copy(copies[k][ch.rank], bufs)
+        (ch if k == 0 else dataclasses.replace(ch, tag=ch.tag + k)).run(one, bufs)
+    alltoall_alg.local_copy(copies[-1][ch.rank], bufs)
 
 
 def barrier(ch: Channel) -> None:
