@@ -223,7 +223,7 @@ def test_forced_algorithms_that_differ_are_a_mismatch():
 def test_size_rule():
     one, two = (0,) * 8, (0, 0, 0, 0, 1, 1, 1, 1)
     assert alltoall_rule(8, 100, one) == "bruck" == alltoall_rule(8, 100, two)
-    assert alltoall_rule(3, 100, (0, 0, 0)) == "pairwise"  # too few ranks for Bruck to save rounds
+    assert alltoall_rule(4, 100, (0, 0, 0, 0)) == "pairwise"  # too few ranks for Bruck's rounds to pay
     assert alltoall_rule(8, 1 << 20, one) == "pairwise"
     assert alltoall_rule(8, 1 << 20, two) == "hierarchical"
     assert alltoall_rule(4, 1 << 20, (0, 1, 2, 3)) == "pairwise"  # one rank per host: nothing to gather
