@@ -12,7 +12,9 @@ every implementation, which every rank computes alike.
 Per size the timing blocks of every implementation are interleaved (A B C A B C ...); each number is the
 slowest rank's median block. Every implementation's output is then compared with the expected one
 (integer data); ``#wrong`` counts wrong elements over all ranks. ``auto`` is ``ringlet.alltoall`` as a
-user calls it; the table names what it chose.
+user calls it; the table names what it chose. ``engine`` is the pairwise schedule without the split
+exchange every call of ``ringlet.alltoall`` makes first (the engine's ``alltoall_rows`` on the
+runtime's queue, every split known): the difference to ``pairwise`` is what that exchange costs.
 """
 from __future__ import annotations
 
@@ -66,6 +68,15 @@ def implementations(splits, me, comm):
         return run
 
     runs = {algo: ringlet_run(algo) for algo in ALGORITHMS}
+    rt = ringlet.collectives.runtime()
+
+    def engine():
+        from ringlet.engine import ops
+
+        def job():
+            return ops.alltoall_rows(rt.channel(rt.world), send, splits, algorithm="pairwise")[0]
+        result["engine"] = rt.submit(job, sync=True).wait()
+    runs["engine"] = engine
 
     def gloo():
         dist.all_to_all_single(out, send, recv_counts, splits[me])
