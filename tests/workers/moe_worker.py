@@ -18,7 +18,6 @@ from case_harness import check, worker_main
 from moe_cases import check_training, check_unwrapped
 
 
-
 def equivalence(ep: int):
     def case(numbers: dict) -> None:
         for k in (1, 2):
