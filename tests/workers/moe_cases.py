@@ -10,6 +10,7 @@ expert-parallel group's ranks, with :func:`ringlet.torch.moe_parallel` the mean 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -136,13 +137,15 @@ def check_unwrapped(ep: int, k: int, cf: float, tol: float = 1e-5) -> list[str]:
     return errs
 
 
-def reference_train(ref, world, k, cf, steps, lr):
-    """SGD steps of the reference on the mean loss over all ranks' batches."""
+def reference_train(ref, world, k, cf, steps, lr, accumulate=False):
+    """SGD steps of the reference on the mean loss over all ranks' batches (with ``accumulate``, plus
+    that of the batches of step ``100 + step``)."""
     params = [p for m in (ref[0], ref[1], *ref[2]) for p in m.parameters()]
     for step in range(steps):
         for p in params:
             p.grad = None
-        (sum(reference_loss(ref, r, k, cf, step)[0] for r in range(world)) / world).backward()
+        batches = [step, 100 + step] if accumulate else [step]
+        (sum(reference_loss(ref, r, k, cf, b)[0] for r in range(world) for b in batches) / world).backward()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:  # an expert no token reached
@@ -150,9 +153,10 @@ def reference_train(ref, world, k, cf, steps, lr):
 
 
 def check_training(ep: int, k: int, cf: float, steps: int = 2, lr: float = 0.05, tol: float = 1e-5,
-                   zero_stage: int | None = None) -> list[str]:
+                   zero_stage: int | None = None, accumulate: bool = False) -> list[str]:
     """``steps`` SGD steps under :func:`ringlet.torch.moe_parallel` (or :func:`moe_zero_optimizers` with
-    ``zero_stage``) against the reference on all ranks' batches; the failures found."""
+    ``zero_stage``) against the reference on all ranks' batches; the failures found. ``accumulate``: each
+    step first accumulates the gradient of another batch (under ``no_sync()`` with DDP)."""
     from ringlet.torch import moe_parallel, moe_zero_optimizers
 
     rank, world = ringlet.rank(), ringlet.size()
@@ -164,11 +168,14 @@ def check_training(ep: int, k: int, cf: float, steps: int = 2, lr: float = 0.05,
         model, opts = net, list(moe_zero_optimizers(torch.optim.SGD, net, stage=zero_stage, lr=lr))
     ref = reference_net(net)  # after the wrapper's broadcast: rank 0's dense layer
     for step in range(steps):
+        if accumulate:
+            with model.no_sync() if zero_stage is None else contextlib.nullcontext():
+                local_loss(model, rank, 100 + step)[0].backward()
         local_loss(model, rank, step)[0].backward()
         for o in opts:
             o.step()
             o.zero_grad()
-    reference_train(ref, world, k, cf, steps, lr)
+    reference_train(ref, world, k, cf, steps, lr, accumulate)
     errs = []
     for name, a, b in [("pre", net.pre, ref[0]), ("gate", net.moe.gate, ref[1])] + \
             [(f"expert {net.moe.ep_rank * net.moe.num_local + i}", e, ref[2][net.moe.ep_rank * net.moe.num_local + i])

@@ -4,7 +4,7 @@
 ringlet's DDP or ZeRO (:mod:`.parallel`)."""
 from .groups import ExpertGroups, expert_groups
 from .layer import MoE
-from .parallel import MoEParams, moe_parallel, moe_zero_optimizers, split_moe_params
+from .parallel import MoEDistributedDataParallel, MoEParams, moe_parallel, moe_zero_optimizers, split_moe_params
 
 __all__ = ["MoE", "ExpertGroups", "expert_groups", "MoEParams", "split_moe_params", "moe_parallel",
-           "moe_zero_optimizers"]
+           "moe_zero_optimizers", "MoEDistributedDataParallel"]

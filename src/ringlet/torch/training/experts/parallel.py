@@ -18,7 +18,9 @@ ranks' batches (with each rank's capacity and routing).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Iterator
 
 import torch
 
@@ -27,7 +29,7 @@ from ..zero import ZeroOptimizer, ZeroOptions
 from .groups import ExpertGroups
 from .layer import MoE
 
-__all__ = ["MoEParams", "split_moe_params", "moe_parallel", "moe_zero_optimizers"]
+__all__ = ["MoEParams", "split_moe_params", "moe_parallel", "moe_zero_optimizers", "MoEDistributedDataParallel"]
 
 # DistributedDataParallel options that also apply to the experts' wrapper.
 _EXPERT_DDP_OPTIONS = ("broadcast_buffers", "bucket_cap_mb", "first_bucket_cap_mb", "gradient_as_bucket_view",
@@ -79,9 +81,29 @@ def _scale_expert_grads(split: MoEParams) -> None:
             p.register_hook(lambda g: g / ep)
 
 
-def moe_parallel(model: torch.nn.Module, **ddp_options) -> DistributedDataParallel:
-    """Wrap ``model`` (with :class:`MoE` layers) for data parallelism: returns ringlet's
-    ``DistributedDataParallel(model, group=span, **ddp_options)`` over the dense parameters; each MoE
+class MoEDistributedDataParallel(DistributedDataParallel):
+    """What :func:`moe_parallel` returns: ringlet's DDP over the dense parameters, whose :meth:`no_sync`
+    also holds back the experts' wrappers (:attr:`expert_wrappers`, one per MoE layer; empty when each
+    expert has a single replica)."""
+
+    def __init__(self, module: torch.nn.Module, expert_wrappers: list[DistributedDataParallel], **options):
+        super().__init__(module, **options)
+        self.expert_wrappers = list(expert_wrappers)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Forwards inside the block skip the reduction of dense and expert gradients alike."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(super().no_sync())
+            for wrapper in self.expert_wrappers:
+                stack.enter_context(wrapper.no_sync())
+            yield
+
+
+def moe_parallel(model: torch.nn.Module, **ddp_options) -> MoEDistributedDataParallel:
+    """Wrap ``model`` (with :class:`MoE` layers) for data parallelism: returns a
+    :class:`MoEDistributedDataParallel` (ringlet's ``DistributedDataParallel(model, group=span,
+    **ddp_options)``) over the dense parameters; each MoE
     layer's experts get their own ``DistributedDataParallel`` over the expert-data-parallel group (with
     ``ddp_options``' bucket, algorithm, compression and buffer options; ``sufficient_factors`` off unless
     given), called inside the layer's forward. After ``backward()`` dense gradients are averaged over the
@@ -101,13 +123,15 @@ def moe_parallel(model: torch.nn.Module, **ddp_options) -> DistributedDataParall
     expert_options.setdefault("sufficient_factors", False)
     _scale_expert_grads(split)
     dp = split.groups.dp_group
+    wrappers = []
     if dp is not None:
         for m in split.layers:
+            wrappers.append(DistributedDataParallel(m.experts, group=dp, **expert_options))
             # Not a submodule: the model's state_dict and the outer wrapper keep seeing plain experts.
-            object.__setattr__(m, "_expert_runner", DistributedDataParallel(m.experts, group=dp, **expert_options))
+            object.__setattr__(m, "_expert_runner", wrappers[-1])
     ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) | split.expert_names
     model._ddp_params_and_buffers_to_ignore = ignored
-    return DistributedDataParallel(model, group=split.groups.span, **ddp_options)
+    return MoEDistributedDataParallel(model, wrappers, group=split.groups.span, **ddp_options)
 
 
 def moe_zero_optimizers(optimizer_class: type, model: torch.nn.Module, *, stage: int = 1,
