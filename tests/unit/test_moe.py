@@ -30,10 +30,12 @@ def test_drops_are_counted():
         moe = MoE(H, expert_module(), E, k=2, capacity_factor=0.25, min_capacity=1)
         out, _ = moe(torch.randn(40, H))
         s = moe.stats
-        return s["tokens"], s["capacity"], s["dropped"], sum(s["load"]), bool((out.abs().sum(1) == 0).sum() == s["dropped_tokens"])
+        zero_rows = int((out.abs().sum(1) == 0).sum())
+        return s["tokens"], s["capacity"], s["dropped"], sum(s["load"]), s["dropped_tokens"], zero_rows
 
-    for tokens, cap, dropped, load, zeros in run_world(2, fn):
-        assert (tokens, cap, load) == (40, 3, 80) and dropped >= 80 - E * cap and zeros
+    # 80 assignments into 8 experts x 3 slots: at least 56 dropped, at least 16 tokens get no expert (zeros).
+    for tokens, cap, dropped, load, dropped_tokens, zero_rows in run_world(2, fn):
+        assert (tokens, cap, load) == (40, 3, 80) and dropped >= 56 and zero_rows == dropped_tokens >= 16
 
 
 @pytest.mark.parametrize("world,ep", [(4, 2), (2, 2)])
