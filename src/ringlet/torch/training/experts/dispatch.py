@@ -66,9 +66,9 @@ def run_by_expert(rows: torch.Tensor, counts: torch.Tensor, run: Callable[[list[
     offsets = [0]
     for n in sizes:
         offsets.append(offsets[-1] + n)
-    perm = [torch.arange(offsets[s * local + j], offsets[s * local + j + 1]) for j in range(local)
-            for s in range(sources)]
-    order = torch.cat(perm) if perm else torch.zeros(0, dtype=torch.int64)
+    dev = rows.device
+    order = torch.cat([torch.arange(offsets[s * local + j], offsets[s * local + j + 1], device=dev)
+                       for j in range(local) for s in range(sources)])
     per_expert = counts.sum(dim=0).tolist()
     chunks = list(torch.split(rows.index_select(0, order), per_expert))
     outs = run(chunks)
@@ -77,5 +77,5 @@ def run_by_expert(rows: torch.Tensor, counts: torch.Tensor, run: Callable[[list[
             raise ValueError(f"MoE: local expert {j} turned input {tuple(chunk.shape)} into output "
                              f"{tuple(out.shape)}; an expert must map [n, hidden_size] to [n, hidden_size].")
     inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel())
+    inverse[order] = torch.arange(order.numel(), device=dev)
     return torch.cat(outs).index_select(0, inverse)

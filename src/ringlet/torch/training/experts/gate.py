@@ -61,11 +61,11 @@ def route(logits: torch.Tensor, k: int, cap: int | None) -> Routing:
     # Assignments in priority order: all first choices (token order), then all second choices.
     expert = top_i.t().reshape(-1)
     weight = weights.t().reshape(-1)
-    token = torch.arange(tokens, dtype=torch.int64).repeat(k)
+    token = torch.arange(tokens, dtype=torch.int64, device=logits.device).repeat(k)
     load = torch.bincount(expert, minlength=experts)
     order = torch.sort(expert, stable=True).indices
     start = torch.cumsum(load, 0) - load
-    slot = torch.arange(expert.numel(), dtype=torch.int64) - start[expert[order]]
+    slot = torch.arange(expert.numel(), dtype=torch.int64, device=logits.device) - start[expert[order]]
     kept = order if cap is None else order[slot < cap]
     counts = load if cap is None else torch.clamp(load, max=cap)
     per_token = torch.bincount(token[kept], minlength=tokens)
