@@ -136,6 +136,9 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     """
 
     _instances = 0  # wrappers created in this process: names their ops
+    # False for a wrapper run inside another's forward (the experts of an MoE layer): the outer one marks
+    # the steps and the FORWARD/BACKWARD spans on the timeline; this one only its communication.
+    _traces_steps = True
 
     def __init__(self, module: torch.nn.Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
@@ -253,7 +256,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         tl = timeline.active()
         t0 = timeline.now_us() if tl is not None else 0.0
         out = self.module(*inputs, **kwargs)  # with overlap_optimizer, modules' pre-hooks land their updates
-        if tl is not None:
+        if tl is not None and self._traces_steps:
             tl.span("forward", "FORWARD", t0, timeline.now_us())
         if self._overlap is not None:
             self._overlap.finish_forward(out)
@@ -301,7 +304,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     def _start_step(self) -> None:
         """At the first forward of a step: time the last one (and switch when the tuner decides), rebuild
         the buckets after the first reduced backward, pick the bucket set of this step."""
-        timeline.mark_step()
+        if self._traces_steps:
+            timeline.mark_step()
         self._step_open = True
         decision = self._steps.step_started()
         if decision is not None:
@@ -410,7 +414,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             self._in_backward = False
             self._armed = False
         tl = timeline.active()
-        if tl is not None:
+        if tl is not None and self._traces_steps:
             tl.span("backward", "BACKWARD", t_first, t_last)
         if self._adjust is not None:
             self._adjust.backward_done((t_last - t_first) * 1e-6)

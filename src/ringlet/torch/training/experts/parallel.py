@@ -81,6 +81,13 @@ def _scale_expert_grads(split: MoEParams) -> None:
             p.register_hook(lambda g: g / ep)
 
 
+class _ExpertsDDP(DistributedDataParallel):
+    """The experts' wrapper: runs inside the model's forward, so it leaves the step marks and the
+    forward/backward spans of the timeline to the outer wrapper."""
+
+    _traces_steps = False
+
+
 class MoEDistributedDataParallel(DistributedDataParallel):
     """What :func:`moe_parallel` returns: ringlet's DDP over the dense parameters, whose :meth:`no_sync`
     also holds back the experts' wrappers (:attr:`expert_wrappers`, one per MoE layer; empty when each
@@ -126,7 +133,7 @@ def moe_parallel(model: torch.nn.Module, **ddp_options) -> MoEDistributedDataPar
     wrappers = []
     if dp is not None:
         for m in split.layers:
-            wrappers.append(DistributedDataParallel(m.experts, group=dp, **expert_options))
+            wrappers.append(_ExpertsDDP(m.experts, group=dp, **expert_options))
             # Not a submodule: the model's state_dict and the outer wrapper keep seeing plain experts.
             object.__setattr__(m, "_expert_runner", wrappers[-1])
     ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) | split.expert_names
