@@ -53,6 +53,26 @@ def test_moe_zero_optimizers():
     assert run_world(4, fn) == [[]] * 4
 
 
+def test_layer_on_a_subgroup():
+    """Ranks 0-3 of 5 hold the layers; rank 4 creates their groups all the same, so that the world's later
+    groups and collectives still line up."""
+    from ringlet.torch.training.experts import expert_groups
+
+    def fn(rank):
+        span = ringlet.new_group([0, 1, 2, 3])
+        errs = []
+        if rank == 4:
+            errs += [] if expert_groups(2, span) is None else ["rank 4 got groups"]
+            with pytest.raises(ValueError, match="not a member"):
+                MoE(H, expert_module(), E, ep_size=2, group=span)
+        else:
+            errs += check_training(2, 2, 16.0, group=span)
+        everyone = ringlet.new_group(range(5))
+        return errs + [ringlet.allreduce(torch.ones(1), group=everyone).item()]
+
+    assert run_world(5, fn) == [[5.0]] * 5
+
+
 def test_bad_arguments():
     def fn(rank):
         msgs = []

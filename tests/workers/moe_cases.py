@@ -29,7 +29,7 @@ def expert_module() -> torch.nn.Module:
 class Net(torch.nn.Module):
     """A dense layer, then an MoE layer inside a residual connection."""
 
-    def __init__(self, ep_size, k, capacity_factor, seed=3, pre_seed=None):
+    def __init__(self, ep_size, k, capacity_factor, seed=3, pre_seed=None, group=None):
         super().__init__()
         self.pre = torch.nn.Linear(H, H)
         # Default: differs per rank until a wrapper broadcasts it.
@@ -38,7 +38,7 @@ class Net(torch.nn.Module):
             for p in self.pre.parameters():
                 p.copy_(torch.rand(p.shape, generator=g) - 0.5)
         self.moe = MoE(H, expert_module(), E, ep_size=ep_size, k=k, capacity_factor=capacity_factor,
-                       min_capacity=1, seed=seed)
+                       min_capacity=1, seed=seed, group=group)
 
     def forward(self, x):
         h = torch.tanh(self.pre(x))
@@ -153,14 +153,15 @@ def reference_train(ref, world, k, cf, steps, lr, accumulate=False):
 
 
 def check_training(ep: int, k: int, cf: float, steps: int = 2, lr: float = 0.05, tol: float = 1e-5,
-                   zero_stage: int | None = None, accumulate: bool = False) -> list[str]:
+                   zero_stage: int | None = None, accumulate: bool = False, group=None) -> list[str]:
     """``steps`` SGD steps under :func:`ringlet.torch.moe_parallel` (or :func:`moe_zero_optimizers` with
     ``zero_stage``) against the reference on all ranks' batches; the failures found. ``accumulate``: each
-    step first accumulates the gradient of another batch (under ``no_sync()`` with DDP)."""
+    step first accumulates the gradient of another batch (under ``no_sync()`` with DDP). ``group``: the
+    span of the layers (None: the world); ranks and batches are counted within it."""
     from ringlet.torch import moe_parallel, moe_zero_optimizers
 
-    rank, world = ringlet.rank(), ringlet.size()
-    net = Net(ep, k, cf)
+    rank, world = (ringlet.rank(), ringlet.size()) if group is None else (group.rank_of(ringlet.rank()), group.size)
+    net = Net(ep, k, cf, group=group)
     if zero_stage is None:
         model = moe_parallel(net, bucket_cap_mb=0.0005)
         opts = [torch.optim.SGD(net.parameters(), lr=lr)]

@@ -56,11 +56,13 @@ def _initialized() -> bool:
     return True
 
 
-def expert_groups(ep_size: int | None, group: Group | None = None) -> ExpertGroups:
+def expert_groups(ep_size: int | None, group: Group | None = None) -> ExpertGroups | None:
     """The groups of a layer spanning ``group`` (a :class:`ringlet.Group`; None: the world) with
     ``ep_size`` ranks per expert-parallel group (None: the whole span). Without ringlet initialised only
-    ``ep_size`` None or 1 is possible (one process holds every expert). ``ValueError``: ``ep_size`` not a
-    positive integer or not dividing the span, ``group`` not a Group or without this rank."""
+    ``ep_size`` None or 1 is possible (one process holds every expert). On a rank outside ``group`` it
+    creates the groups all the same and returns None: ranks outside a layer's group call it where the
+    members construct the layer, so that every rank creates the same groups in the same order.
+    ``ValueError``: ``ep_size`` not a positive integer or not dividing the span, ``group`` not a Group."""
     if ep_size is not None and (isinstance(ep_size, bool) or not isinstance(ep_size, int) or ep_size < 1):
         raise ValueError(f"ep_size must be a positive integer or None, got {ep_size!r}.")
     if group is not None and not isinstance(group, Group):
@@ -71,8 +73,6 @@ def expert_groups(ep_size: int | None, group: Group | None = None) -> ExpertGrou
         return ExpertGroups(1, 0, None, None, None, 1)
     rt = _core.runtime()
     span_group = rt.world if group is None else group
-    if rt.rank not in span_group:
-        raise ValueError(f"Rank {rt.rank} is not a member of the MoE group (ranks {list(span_group.ranks)}).")
     n = span_group.size
     ep = n if ep_size is None else ep_size
     if n % ep:
@@ -85,6 +85,8 @@ def expert_groups(ep_size: int | None, group: Group | None = None) -> ExpertGrou
         with _lock:
             _cache[rt][key] = made
     eps, dps = made
+    if rt.rank not in span_group:
+        return None
     me = span_group.rank_of(rt.rank)
     return ExpertGroups(ep, me % ep, eps[me // ep], dps[me % ep], group, n)
 

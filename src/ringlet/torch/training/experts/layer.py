@@ -49,7 +49,8 @@ class MoE(torch.nn.Module):
     ``ep_rank * local + i``). ``k``: 1 (Switch) or 2 (GShard). ``capacity_factor``, ``min_capacity``:
     slots per expert ``max(min_capacity, ceil(capacity_factor * tokens * k / num_experts))`` for this
     rank's ``tokens``; ``drop_tokens=False``: no limit. ``group``: the :class:`ringlet.Group` the layer
-    spans (None: the world).
+    spans (None: the world); ranks outside it call :func:`~.groups.expert_groups` instead of constructing
+    the layer (the groups are created on every rank in the same order).
 
     ``seed`` (default 0): each expert is initialised afresh from a generator seeded by ``seed`` and its
     global index, the gate from ``seed`` alone: in every submodule that holds a matrix (a parameter of two
@@ -76,6 +77,9 @@ class MoE(torch.nn.Module):
         super().__init__()
         _check_args(hidden_size, expert, num_experts, k, capacity_factor, min_capacity)
         self.groups = expert_groups(ep_size, group)
+        if self.groups is None:
+            raise ValueError(f"This rank is not a member of the MoE layer's group (ranks {list(group.ranks)}); "
+                             "ranks outside it call ringlet.torch.training.experts.expert_groups(ep_size, group).")
         ep = self.groups.ep_size
         if num_experts % ep:
             raise ValueError(f"num_experts ({num_experts}) must be divisible by ep_size ({ep}).")
