@@ -13,9 +13,11 @@ half width). The dense arm trains under ringlet's ``DistributedDataParallel``, t
 one after the other, from the same data order. For each arm rank 0 prints the training throughput, the
 test accuracy, the parameters held per rank and, for MoE, the expert load balance (the busiest
 expert's share of the routed tokens over the mean share: 1.0 is perfectly even) and the share of
-assignments dropped for capacity. Nothing is downloaded (``pip install scikit-learn``).
+assignments dropped for capacity (``--json PATH`` writes the same as JSON). Nothing is downloaded
+(``pip install scikit-learn``).
 """
 import argparse
+import json
 import time
 
 import torch
@@ -89,6 +91,7 @@ def parse_args():
     parser.add_argument("--capacity-factor", type=float, default=1.25)
     parser.add_argument("--aux", type=float, default=0.01, help="weight of the load-balancing loss")
     parser.add_argument("--arms", default="dense,moe", help="comma-separated: dense, moe")
+    parser.add_argument("--json", default=None, help="also write rank 0's results to this file")
     return parser.parse_args()
 
 
@@ -136,7 +139,8 @@ def accuracy(model, test_set, rank: int, world: int) -> float:
     return (right[0] / right[1]).item()
 
 
-def run_arm(arm: str, args, rank: int, world: int, train_set, test_set) -> None:
+def run_arm(arm: str, args, rank: int, world: int, train_set, test_set) -> dict | None:
+    """Train and test one arm; rank 0 prints its line and returns its results (others: None)."""
     model, net = build(arm, args, world)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, seed=0)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
@@ -145,14 +149,18 @@ def run_arm(arm: str, args, rank: int, world: int, train_set, test_set) -> None:
     acc = accuracy(model, test_set, rank, world)
     params = sum(p.numel() for p in net.parameters())
     if rank != 0:
-        return
-    line = (f"{arm:5s}: {len(sampler) * world * args.epochs / seconds:8.1f} samples/s  test accuracy {acc:.4f}  "
+        return None
+    res = {"arm": arm, "ranks": world, "samples_per_s": len(sampler) * world * args.epochs / seconds,
+           "test_accuracy": acc, "parameters_per_rank": params}
+    line = (f"{arm:5s}: {res['samples_per_s']:8.1f} samples/s  test accuracy {acc:.4f}  "
             f"parameters per rank {params}")
     if counts.numel() > 3:
         load = counts[3:]
-        line += (f"  load balance {(load.max() / load.mean()).item():.2f}  "
-                 f"dropped {counts[2].item() / counts[1].item():.2%}")
+        res.update(load_balance=(load.max() / load.mean()).item(), dropped_share=(counts[2] / counts[1]).item(),
+                   load=load.tolist())
+        line += f"  load balance {res['load_balance']:.2f}  dropped {res['dropped_share']:.2%}"
     print(line, flush=True)
+    return res
 
 
 def main():
@@ -164,10 +172,14 @@ def main():
         print(f"configuration: {configuration()}; {world} ranks, {args.epochs} epochs, k={args.k}, "
               f"capacity factor {args.capacity_factor}", flush=True)
     train_set, test_set = digits()
-    for arm in args.arms.split(","):
+    arms = args.arms.split(",")
+    for arm in arms:
         if arm not in ("dense", "moe"):
             raise SystemExit(f"unknown arm {arm!r}: use dense and/or moe")
-        run_arm(arm, args, rank, world, train_set, test_set)
+    results = [run_arm(arm, args, rank, world, train_set, test_set) for arm in arms]
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
     ringlet.shutdown()
 
 
