@@ -6,7 +6,9 @@ forward), sufficient factors of fully connected layers, the comm hooks for
 stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
 overflow decision agreed by the group, :class:`MasterWeights`), ZeRO (:class:`ZeroOptimizer`: optimizer
 state, gradients and parameters sharded over the group), and synchronising less often
-(:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas).
+(:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas),
+and mixtures of experts (:class:`MoE`, experts spread over ranks and fed by all-to-all;
+:func:`moe_parallel` / :func:`moe_zero_optimizers`: expert parameters averaged over their own replicas).
 
 Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
 Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
@@ -15,10 +17,11 @@ from .adapt import Adapt
 from .amp import GradScaler
 from .ddp import DistributedDataParallel
 from .diloco import DiLoCo
+from .experts import MoE, moe_parallel, moe_zero_optimizers, split_moe_params
 from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
 from .priority import Priority
 from .zero import ZeroOptimizer, ZeroOptions
 
 __all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt",
-           "ZeroOptimizer", "ZeroOptions"]
+           "ZeroOptimizer", "ZeroOptions", "MoE", "moe_parallel", "moe_zero_optimizers", "split_moe_params"]

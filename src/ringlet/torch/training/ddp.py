@@ -62,6 +62,9 @@ Semantics (those of ``torch.nn.parallel.DistributedDataParallel`` on CPU):
   is reduced alongside so a parameter unused on every rank keeps ``grad`` untouched. Without the flag an
   unused parameter raises a ``RuntimeError`` naming it (after the buckets were still reduced, so the
   ranks stay in step) instead of hanging;
+* parameters and buffers named in ``module._ddp_params_and_buffers_to_ignore`` (torch DDP's attribute) are
+  neither broadcast nor averaged: another reducer owns them (:func:`ringlet.torch.moe_parallel` puts the
+  experts of a mixture-of-experts layer there and averages them over their own group);
 * ``broadcast_buffers=True``: buffers are broadcast from the first rank before every forward;
 * ``gradient_as_bucket_view=True``: after a reduced backward each ``param.grad`` is a view into its
   bucket instead of a copy, which saves memory the size of the gradients and the copy back. A gradient
@@ -133,6 +136,9 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     """
 
     _instances = 0  # wrappers created in this process: names their ops
+    # False for a wrapper run inside another's forward (the experts of an MoE layer): the outer one marks
+    # the steps and the FORWARD/BACKWARD spans on the timeline; this one only its communication.
+    _traces_steps = True
 
     def __init__(self, module: torch.nn.Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float = 25.0,
@@ -157,7 +163,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         # Op names (checked across ranks): identical on every rank as long as ranks wrap modules in the same order.
         self._prefix = f"ringlet.ddp{DistributedDataParallel._instances}"
         self.require_backward_grad_sync = True
-        self._params = _trainable(module)
+        self._params = _trainable(module, _ignored(module))
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._pindex = {id(p): i for i, p in enumerate(self._params)}
         self._ctx = ReductionContext(self._comm, self._prefix, self.options.gradient_as_bucket_view)
@@ -181,7 +187,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._steps = StepTuner(self._trial_plan().candidates(), self._sum_across_ranks)
         self._retrial_from: str | None = None  # what the buckets ran before a re-trial, until it decides
         if self._size > 1:
-            broadcast_coalesced(self._comm, [p.data for p in module.parameters()] + list(module.buffers()),
+            broadcast_coalesced(self._comm, [p.data for p in _kept(module.named_parameters(), _ignored(module))]
+                                + self._synced_buffers(),
                                 f"{self._prefix}.state")
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
 
@@ -215,6 +222,10 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         adj = self._adjust
         return "auto" if adj is not None and adj.released else self._steps.algorithm
 
+    def _synced_buffers(self) -> list[torch.Tensor]:
+        """The module's buffers that are broadcast (those not in ``_ddp_params_and_buffers_to_ignore``)."""
+        return _kept(self.module.named_buffers(), _ignored(self.module))
+
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
         self._comm.allreduce_(t, ReduceOp.SUM, f"{self._prefix}.tune").wait()
@@ -241,11 +252,11 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             self._early_buffers.finish()  # launched as the last backward began (overlap_optimizer)
             self._early_buffers = None
         elif self.options.broadcast_buffers and self._size > 1:
-            broadcast_coalesced(self._comm, list(self.module.buffers()), f"{self._prefix}.buffers")
+            broadcast_coalesced(self._comm, self._synced_buffers(), f"{self._prefix}.buffers")
         tl = timeline.active()
         t0 = timeline.now_us() if tl is not None else 0.0
         out = self.module(*inputs, **kwargs)  # with overlap_optimizer, modules' pre-hooks land their updates
-        if tl is not None:
+        if tl is not None and self._traces_steps:
             tl.span("forward", "FORWARD", t0, timeline.now_us())
         if self._overlap is not None:
             self._overlap.finish_forward(out)
@@ -293,7 +304,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     def _start_step(self) -> None:
         """At the first forward of a step: time the last one (and switch when the tuner decides), rebuild
         the buckets after the first reduced backward, pick the bucket set of this step."""
-        timeline.mark_step()
+        if self._traces_steps:
+            timeline.mark_step()
         self._step_open = True
         decision = self._steps.step_started()
         if decision is not None:
@@ -381,7 +393,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
                 if self._overlap is not None and self.options.broadcast_buffers and self._size > 1:
                     # Buffers do not change in backward: broadcast them now, ahead of the pieces, so that
                     # the next forward does not queue behind every piece of this backward.
-                    self._early_buffers = start_coalesced(list(self.module.buffers()), f"{self._prefix}.buffers",
+                    self._early_buffers = start_coalesced(self._synced_buffers(), f"{self._prefix}.buffers",
                                                           self._comm.broadcast_)
                 for q in self._unused:
                     self._reducer.ready(q, None)
@@ -402,7 +414,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             self._in_backward = False
             self._armed = False
         tl = timeline.active()
-        if tl is not None:
+        if tl is not None and self._traces_steps:
             tl.span("backward", "BACKWARD", t_first, t_last)
         if self._adjust is not None:
             self._adjust.backward_done((t_last - t_first) * 1e-6)
@@ -445,9 +457,20 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         self._reducer.deliver()
 
 
-def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters to reduce; raises ``ValueError`` for a sparse one."""
-    params = [p for p in module.parameters() if p.requires_grad]
+def _ignored(module: torch.nn.Module) -> frozenset[str]:
+    """The names of parameters and buffers DDP leaves alone: ``module._ddp_params_and_buffers_to_ignore``,
+    torch DDP's attribute (set by ``torch.nn.parallel.DistributedDataParallel.
+    _set_params_and_buffers_to_ignore_for_model``); empty when unset."""
+    return frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+
+
+def _kept(named, ignored: frozenset[str]) -> list[torch.Tensor]:
+    return [t for n, t in named if n not in ignored]
+
+
+def _trainable(module: torch.nn.Module, ignored: frozenset[str] = frozenset()) -> list[torch.nn.Parameter]:
+    """The parameters to reduce (trainable, not ``ignored``); raises ``ValueError`` for a sparse one."""
+    params = [p for p in _kept(module.named_parameters(), ignored) if p.requires_grad]
     for p in params:
         if p.layout != torch.strided:
             raise ValueError("DistributedDataParallel supports dense parameters only.")
