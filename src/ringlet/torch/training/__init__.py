@@ -6,7 +6,8 @@ forward), sufficient factors of fully connected layers, the comm hooks for
 stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`GradScaler` with the
 overflow decision agreed by the group, :class:`MasterWeights`), ZeRO (:class:`ZeroOptimizer`: optimizer
 state, gradients and parameters sharded over the group), and synchronising less often
-(:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas).
+(:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas), and
+pipeline parallelism (:class:`Pipeline`: stages of an ``nn.Sequential`` over the ranks, replicas through DDP).
 
 Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
 Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
@@ -17,8 +18,9 @@ from .ddp import DistributedDataParallel
 from .diloco import DiLoCo
 from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
+from .pipeline import Pipeline
 from .priority import Priority
 from .zero import ZeroOptimizer, ZeroOptions
 
 __all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt",
-           "ZeroOptimizer", "ZeroOptions"]
+           "ZeroOptimizer", "ZeroOptions", "Pipeline"]
