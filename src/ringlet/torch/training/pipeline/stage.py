@@ -2,7 +2,6 @@
 the activations and gradients travelling as :mod:`.schedules` says, and measure where the time went."""
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -146,6 +145,9 @@ class StageRunner:
             out = self._forward(inp)
         if self.next is None:
             loss = st.loss_fn(out, st.ys[i])
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar tensor (the micro-batch's mean loss), got "
+                                 f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}.")
             st.losses.append(loss.detach().float())
             root = loss / self._m
             st.roots[i] = st.scaler.scale(root) if st.scaler is not None else root
@@ -215,7 +217,3 @@ class StageRunner:
         st = self._st
         st.grad_sent.add(i)
         st.sends.append(ringlet.isend(g.detach().contiguous(), self.prev, grad_tag(i)))
-
-
-def no_context() -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
