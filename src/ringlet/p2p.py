@@ -9,7 +9,8 @@ meet a collective's.
 Contract, as ``torch.distributed.isend``/``irecv``:
 
 * ``tensor``: a dense contiguous tensor of a supported dtype; a receive fills it in place, and the
-  message must have exactly its number of bytes.
+  message must have exactly its number of bytes (shared memory fails the receive on a mismatch; MPI
+  fills the front of a larger buffer silently: agree on sizes first, e.g. with a small header).
 * ``dst``/``src``: a global rank, member of ``group`` (default: the world), not the caller's own.
 * ``tag``: an int in ``[0, P2P_TAGS)`` (0 .. 2**24 - 1). Messages between one (source, destination, tag)
   are matched in the order they were posted; the group only names the ranks (two groups over the same
