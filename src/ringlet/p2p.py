@@ -63,6 +63,7 @@ class P2PWork(Work):
         if not self._done and self._drive.acquire(blocking=False):
             try:
                 if not self._done and self._handle.done():
+                    self._handle.wait(self._limit)  # a failed operation is done too: its wait raises
                     self._settle()
             except RingletError as exc:
                 self._fail(exc)

@@ -216,4 +216,16 @@ class StageRunner:
     def _send_grad(self, i: int, g: torch.Tensor) -> None:
         st = self._st
         st.grad_sent.add(i)
+        st.sends = _unfinished(st.sends)  # the gradients already received need not be kept
         st.sends.append(ringlet.isend(g.detach().contiguous(), self.prev, grad_tag(i)))
+
+
+def _unfinished(sends: list) -> list:
+    """The sends of ``sends`` still in flight; a finished one that failed raises its error."""
+    keep = []
+    for w in sends:
+        if w.done():
+            w.wait()
+        else:
+            keep.append(w)
+    return keep
