@@ -8,7 +8,6 @@ import torch
 from conftest import run_world
 from pipe_cases import expected_peak, mlp, train
 
-import ringlet
 from ringlet.torch import Pipeline
 from ringlet.torch.training.pipeline.schedules import SCHEDULES, bubble_fraction, simulate
 from ringlet.torch.training.pipeline.split import even_balance

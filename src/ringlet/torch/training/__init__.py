@@ -9,8 +9,9 @@ state, gradients and parameters sharded over the group), and synchronising less 
 (:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas), and
 pipeline parallelism (:class:`Pipeline`: stages of an ``nn.Sequential`` over the ranks, replicas through DDP).
 
-Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
-Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
+Every collective here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
+Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade. The
+pipeline's activations travel by :mod:`ringlet.p2p` directly: point-to-point has no scheduler to choose.
 """
 from .adapt import Adapt
 from .amp import GradScaler
