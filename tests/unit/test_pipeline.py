@@ -132,3 +132,51 @@ def test_mismatched_batches_across_stages_raise_on_the_last_stage_and_time_out_b
     (e0, m0), (e1, m1) = run_world(2, body, options=Options(timeout=0.5))
     assert e1 == "ValueError" and "same batch size" in m1
     assert e0 == "CollectiveTimeout" and "rank 1" in m0
+
+
+def test_a_smaller_batch_in_a_later_step_is_agreed_anew():
+    def body(rank):
+        pipe = Pipeline(mlp(), 2, 2)
+        ref = mlp()
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (pipe.module, ref)]
+        g = torch.Generator().manual_seed(3)
+        for rows in (8, 4, 8):
+            x, y = torch.randn(rows, 6, generator=g), torch.randn(rows, 3, generator=g)
+            for o in opts:
+                o.zero_grad()
+            pipe.step(x if pipe.is_first else None, y if pipe.is_last else None, torch.nn.functional.mse_loss)
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+            for o in opts:
+                o.step()
+        want = dict(ref.named_parameters())
+        return max(float((p.detach() - want[k].detach()).abs().max()) for k, p in pipe.named_parameters())
+
+    assert max(run_world(2, body)) < 1e-5
+
+
+class _Shrinks(torch.nn.Module):
+    """Drops a row from its second call on: micro-batches of one step with different output shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x if self.calls == 1 else x[:-1]
+
+
+def test_a_microbatch_of_another_shape_is_a_clear_error_on_its_stage():
+    def body(rank):
+        net = torch.nn.Sequential(torch.nn.Linear(6, 6), _Shrinks(), torch.nn.Linear(6, 3))
+        pipe = Pipeline(net, 2, 2, balance=[2, 1])
+        try:
+            pipe.step(torch.zeros(4, 6) if pipe.is_first else None, torch.zeros(4, 3) if pipe.is_last else None,
+                      torch.nn.functional.mse_loss)
+        except (ValueError, RingletError) as exc:
+            return type(exc).__name__, str(exc)
+        return None
+
+    (e0, m0), (e1, _) = run_world(2, body, options=Options(timeout=0.5))
+    assert e0 == "ValueError" and "every micro-batch of a step must send the same shape" in m0
+    assert e1 == "CollectiveTimeout"
