@@ -126,11 +126,13 @@ def test_mismatched_batches_across_stages_raise_on_the_last_stage_and_time_out_b
         try:
             pipe.step(x if pipe.is_first else None, y if pipe.is_last else None, torch.nn.functional.mse_loss)
         except (ValueError, RingletError) as exc:
-            return type(exc).__name__, str(exc)
+            with pytest.raises(RuntimeError, match="earlier step of this pipeline failed") as later:
+                pipe.step(x, y, torch.nn.functional.mse_loss)
+            return type(exc).__name__, str(exc) + str(later.value)
         return None
 
     (e0, m0), (e1, m1) = run_world(2, body, options=Options(timeout=0.5))
-    assert e1 == "ValueError" and "same batch size" in m1
+    assert e1 == "ValueError" and "same batch size" in m1 and "cannot run another" in m1
     assert e0 == "CollectiveTimeout" and "rank 1" in m0
 
 

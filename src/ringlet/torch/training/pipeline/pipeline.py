@@ -79,6 +79,7 @@ class Pipeline:
         nxt = rt.rank + self.replicas if self.stage < stages - 1 else None
         self._runner = StageRunner(self.stage, stages, prev, nxt, forward, no_sync, arm)
         self._actions = SCHEDULES[schedule](self.stage, stages, microbatches)
+        self._failed: BaseException | None = None  # a step that failed once it had begun to communicate
 
     def _balance(self, module: torch.nn.Sequential, balance) -> list[int]:
         n = len(module)
@@ -132,7 +133,8 @@ class Pipeline:
         ``scaler``: a :class:`~ringlet.torch.GradScaler` whose scale multiplies the losses (its overflow
         verdict over the world keeps every stage's scale equal). ``ValueError`` for a missing input or
         target, a batch that M does not divide, x and y of different batch sizes (raised on the last stage;
-        its neighbours then fail by ``RINGLET_TIMEOUT``)."""
+        its neighbours then fail by ``RINGLET_TIMEOUT``). An error once the step has begun to communicate
+        leaves the pipeline unusable: later steps raise ``RuntimeError``."""
         rows = 0
         xs = ys = None
         if self.is_first:
@@ -143,8 +145,14 @@ class Pipeline:
             if self.is_first and y.shape[0] != rows:
                 raise ValueError(f"x has {rows} rows but y has {y.shape[0]}: they must have the same batch size.")
             rows = y.shape[0]
-        st = _Step(xs, ys, loss_fn, scaler, rows)
-        return self._runner.run(self._actions, st, self.microbatches)
+        if self._failed is not None:
+            raise RuntimeError(f"an earlier step of this pipeline failed ({self._failed!r}); messages of that "
+                               "step may still be posted, so it cannot run another.") from self._failed
+        try:
+            return self._runner.run(self._actions, _Step(xs, ys, loss_fn, scaler, rows), self.microbatches)
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
     def _split(self, t, what: str) -> list[torch.Tensor]:
         stage = "first" if what == "x" else "last"

@@ -127,6 +127,7 @@ class StageRunner:
         if self.prev is None:
             st.inputs[i] = (st.xs[i], None)
             return st.xs[i]
+        self._post_recv(i)  # posted one forward ahead in the schedules' micro-batch order
         work, buf = st.recvs.pop(i)
         self._waited(work.wait)
         self._post_recv(i + 1)  # the next input travels while this one computes
