@@ -7,7 +7,8 @@
 The world is ``stages × replicas`` ranks (rank = stage × replicas + replica); ``--batch-size`` is per
 replica. Every rank reports its steps' times; rank 0 prints, per stage, the median step time and how it
 splits (computing, waiting for the neighbouring stages, waiting for the replica average), the measured
-bubble (waiting / step) against (S-1)/(M+S-1), and the most micro-batches held at once. ``--json PATH``
+bubble (waiting / step) against (S-1)/(M+S-1), the most micro-batches held at once and the stage's
+parameters. ``--json PATH``
 writes the same numbers for a benchmark harness.
 """
 import argparse
@@ -74,7 +75,8 @@ def main() -> int:
 def report(args, pipe, rows) -> None:
     """Gather every rank's kept steps; rank 0 prints and saves the per-stage medians."""
     kept = torch.tensor(rows[args.warmup:] or rows, dtype=torch.float64)
-    mine = torch.cat([torch.tensor([float(pipe.stage)]), kept.reshape(-1)]).unsqueeze(0)
+    params = float(sum(p.numel() for p in pipe.parameters()))
+    mine = torch.cat([torch.tensor([float(pipe.stage), params]), kept.reshape(-1)]).unsqueeze(0)
     every = ringlet.allgather(mine)
     if ringlet.rank() != 0:
         return
@@ -84,16 +86,19 @@ def report(args, pipe, rows) -> None:
     out = {"stages": args.stages, "replicas": pipe.replicas, "microbatches": args.microbatches,
            "schedule": args.schedule, "bubble_theory": theory, "per_stage": []}
     for stage in range(args.stages):
-        mats = [r[1:].reshape(-1, 5) for r in every if int(r[0]) == stage]
+        mine = [r for r in every if int(r[0]) == stage]
+        params = int(mine[0][1])
+        mats = [r[2:].reshape(-1, 5) for r in mine]
         steps = torch.cat(mats)
         med = [statistics.median(steps[:, k].tolist()) for k in range(4)]
         bubble = float((steps[:, 2] / steps[:, 0]).mean())
         peak = int(steps[:, 4].max())
         print(f"  stage {stage}: step {med[0] * 1e3:.1f} ms = compute {med[1] * 1e3:.1f} + wait {med[2] * 1e3:.1f} "
-              f"+ replica average {med[3] * 1e3:.1f} ms; bubble {bubble:.3f}; held {peak} micro-batches")
+              f"+ replica average {med[3] * 1e3:.1f} ms; bubble {bubble:.3f}; held {peak} micro-batches; "
+              f"{params} parameters")
         out["per_stage"].append({"stage": stage, "step_ms": med[0] * 1e3, "compute_ms": med[1] * 1e3,
                                  "wait_ms": med[2] * 1e3, "reduce_ms": med[3] * 1e3, "bubble": bubble,
-                                 "peak_inflight": peak})
+                                 "peak_inflight": peak, "parameters": params})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
