@@ -111,9 +111,7 @@ class ShmTransport(Progress, Transport):
     """
 
     name = "shm"
-    # Small all-reduces of the world group in one round through the mailbox (:meth:`small_round`).
-    # Posts and progress run under the transport's lock; a waiter that completes another thread's operation
-    # wakes it (``_block_loop``), so any thread may post and wait.
+    # Small all-reduces of the world in one round through the mailbox; any thread may post and wait (one lock).
     capabilities = Capabilities(small_path="mailbox", small_bytes=R.MAILBOX_PAYLOAD, threaded_posts=True)
 
     @classmethod
