@@ -17,6 +17,7 @@ from .collectives import (allgather, allgather_async, allreduce, allreduce_, all
                           broadcast_, broadcast_async, broadcast_async_, reduce, reduce_, reduce_async,
                           reduce_async_, reduce_scatter, reduce_scatter_async, use_runtime)
 from .group import Group
+from .p2p import P2P_TAGS, irecv, isend, recv, send
 from .runtime import Runtime, Work
 from .types import (SUPPORTED_DTYPES, CollectiveTimeout, MismatchError, Options, PeerError, ReduceOp,
                     RingletError)
@@ -180,9 +181,9 @@ def wire_bytes():
 def new_group(ranks) -> Group:
     """A sub-group of global ``ranks``. Every rank of the world calls it, in the same order.
 
-    Message tags have 32 group slots; groups with at most one rank in common share a slot. A new group
-    raises ``RuntimeError`` on every rank when groups with two or more of its ranks already hold all 32
-    (for instance 31 earlier groups over the same two ranks, and the world)."""
+    Message tags have 31 group slots (a 32nd carries point-to-point messages); groups with at most one
+    rank in common share a slot. A new group raises ``RuntimeError`` on every rank when groups with two or more of its ranks already hold all 31
+    (for instance 30 earlier groups over the same two ranks, and the world)."""
     return _rt().new_group(ranks)
 
 
@@ -192,6 +193,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "reduce", "reduce_", "reduce_async", "reduce_async_",
     "allgather", "allgather_async", "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async",
-    "barrier", "barrier_async", "use_runtime", "algorithms", "SUPPORTED_DTYPES", "RingletError",
+    "barrier", "barrier_async", "isend", "irecv", "send", "recv", "P2P_TAGS", "use_runtime", "algorithms",
+    "SUPPORTED_DTYPES", "RingletError",
     "MismatchError", "PeerError", "CollectiveTimeout", "Runtime",
 ]

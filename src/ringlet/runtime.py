@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable
 
 from .engine.agree import exchange
-from .engine.channel import GROUP_BITS, Channel, tag_base
+from .engine.channel import P2P_SLOT, Channel, tag_base
 from .group import Group
 from .timeline import now_us
 from .tuning.select import Selector
@@ -88,7 +88,7 @@ class Work:
         return self._result
 
 
-MAX_GROUPS = 1 << GROUP_BITS
+MAX_GROUPS = P2P_SLOT  # group tag slots 0 .. P2P_SLOT - 1; the last one carries point-to-point messages
 
 
 class Runtime:
@@ -166,7 +166,7 @@ class Runtime:
     def _tag_slot(self, ranks: tuple[int, ...]) -> int:
         """The lowest tag slot that no earlier group with two or more of ``ranks`` among its members has.
 
-        Message tags carry the slot in GROUP_BITS bits. Two groups in one slot share tags, which is safe
+        Message tags carry the slot in GROUP_BITS bits, the last slot reserved for point-to-point. Two groups in one slot share tags, which is safe
         exactly when no pair of ranks belongs to both: a message always travels between two members.
         Identical on every rank, since every rank creates the same groups in the same order."""
         members = set(ranks)

@@ -50,8 +50,8 @@ def _grid() -> list:
 @pytest.mark.parametrize("transport,world,count", _grid())
 def test_fuzz_real_processes(transport, world, count, tmp_path):
     """The cases run in jobs of ``CHUNK``: a core case with faults or a sub-group makes one group, a
-    Horovod case (every third) two, and group ids share 5 bits of the message tags (docs/testing.md),
-    so one job must not make 32."""
+    Horovod case (every third) two, and groups have 31 slots in the message tags (docs/usage.md), so one
+    job must not make 31 over the same ranks."""
     require_transport(transport)
     seed = SEED * 10 + world
     cases = []

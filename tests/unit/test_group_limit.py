@@ -36,11 +36,11 @@ def test_slots_are_shared_only_by_groups_without_a_common_pair():
 
 
 def test_many_more_groups_than_slots_run_side_by_side():
-    """4 ranks, 3 × MAX_GROUPS groups of two ranks ({0,1}, {2,3}, {0,2}, {1,3} in turn: many share a
+    """4 ranks, about 3 × MAX_GROUPS groups of two ranks ({0,1}, {2,3}, {0,2}, {1,3} in turn: many share a
     slot), a collective on each with world collectives between them, the pairs running theirs at
     the same time: every result is the reference."""
     pairs = ([0, 1], [2, 3], [0, 2], [1, 3])
-    n_groups = 3 * MAX_GROUPS
+    n_groups = 4 * ((3 * MAX_GROUPS + 3) // 4)  # at least three times the slots, each pair as often
 
     def body(rank):
         groups = [ringlet.new_group(pairs[i % 4]) for i in range(n_groups)]

@@ -5,7 +5,9 @@ A :class:`Channel` is what every flat-buffer operation of the engine takes inste
 (:meth:`ringlet.runtime.Runtime.channel`), in execution order, so the tags agree on every member.
 
 Tag layout (fits MPI's guaranteed 2^29-1 upper bound in MPICH): group's tag slot 5 bits | op sequence 8 bits |
-step 16 bits. Steps in the upper half (``META_STEP`` and above) carry an op's metadata exchange.
+step 16 bits. Steps in the upper half (``META_STEP`` and above) carry an op's metadata exchange. The last
+slot (``P2P_SLOT``) is not a group's: point-to-point messages (:mod:`ringlet.p2p`) carry it, with the
+caller's tag in the 24 bits below, so they never meet a collective's.
 """
 from __future__ import annotations
 
@@ -21,6 +23,13 @@ from ..group import Group
 
 GROUP_BITS, SEQ_BITS, STEP_BITS = 5, 8, 16
 META_STEP = 1 << (STEP_BITS - 1)
+P2P_SLOT = (1 << GROUP_BITS) - 1  # the tag slot of point-to-point messages; groups get the slots below it
+P2P_TAGS = 1 << (SEQ_BITS + STEP_BITS)  # point-to-point tags are 0 .. P2P_TAGS - 1
+
+
+def p2p_tag(tag: int) -> int:
+    """The transport tag of point-to-point tag ``tag`` (``0 <= tag < P2P_TAGS``, checked by the caller)."""
+    return P2P_SLOT << (SEQ_BITS + STEP_BITS) | tag
 
 
 def tag_base(tag_slot: int, seq: int) -> int:

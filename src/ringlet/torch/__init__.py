@@ -23,8 +23,8 @@ from . import hooks
 from .autograd import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
                        grouped_reducescatter, reducescatter)
 from .compression import Compression
-from .training import (DiLoCo, DistributedDataParallel, GradScaler, LocalSGD, MasterWeights, MoE, Priority,
-                       ZeroOptimizer, ZeroOptions, moe_parallel, moe_zero_optimizers, split_moe_params)
+from .training import (DiLoCo, DistributedDataParallel, GradScaler, LocalSGD, MasterWeights, MoE, Pipeline,
+                       Priority, ZeroOptimizer, ZeroOptions, moe_parallel, moe_zero_optimizers, split_moe_params)
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm

@@ -117,7 +117,10 @@ class Capabilities:
     over the world and queued like a collective.
     ``native_dtypes``: the dtypes the backend's own all-reduce (algorithm ``"native"``,
     :meth:`Transport.native_allreduce`) takes for every op ringlet sends it; empty where the step tuner
-    should not try it (no native all-reduce, or one whose dtypes vary with the build)."""
+    should not try it (no native all-reduce, or one whose dtypes vary with the build).
+    ``threaded_posts``: sends and receives may be posted and waited on from several threads of the process
+    at once (the caller's and the communication thread): what :mod:`ringlet.p2p` needs, since it posts
+    from the caller's thread while collectives run on the communication thread."""
 
     native_small: bool = False
     native_digest: bool = False
@@ -127,6 +130,7 @@ class Capabilities:
     partial_receive: bool = False
     group_setup: bool = False
     native_dtypes: frozenset = frozenset()
+    threaded_posts: bool = False
 
     def native_takes(self, tensors) -> bool:
         """Whether the backend's own all-reduce takes every one of ``tensors`` (a non-empty collection

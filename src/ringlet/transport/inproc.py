@@ -158,7 +158,7 @@ class InprocWorld:
 
 class InprocTransport(Transport):
     name = "inproc"
-    capabilities = Capabilities(partial_receive=True)
+    capabilities = Capabilities(partial_receive=True, threaded_posts=True)  # one lock guards every mailbox
 
     def __init__(self, world: InprocWorld, rank: int):
         self.world = world

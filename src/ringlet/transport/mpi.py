@@ -5,12 +5,14 @@ ringlet works on a duplicate of ``COMM_WORLD``, so its tags never meet the appli
 
 Every buffer is handed to MPI as raw bytes (a uint8 view), so float16/bfloat16 move like any other
 dtype; only ``native_allreduce`` needs a real MPI datatype and declines the ones MPI lacks.
-mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE``; ringlet calls MPI from the caller thread and from
-its communication thread, never from both at once.
+mpi4py initialises MPI with ``MPI_THREAD_MULTIPLE`` by default; collectives call MPI from one thread at a
+time, and point-to-point (:mod:`ringlet.p2p`) from the caller's thread beside them, which
+``capabilities.threaded_posts`` allows only when the library granted ``MPI_THREAD_MULTIPLE``.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.util
 import os
 import threading
@@ -182,6 +184,8 @@ class MPITransport(PostingTransport):
         self._timeout = Options.from_env().timeout if timeout is None else timeout
         self._comms: dict[tuple[int, ...], object] = {tuple(range(self.size)): self.comm}
         self._closed = False
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self.capabilities = dataclasses.replace(type(self).capabilities, threaded_posts=True)
 
     @classmethod
     def available(cls) -> bool:

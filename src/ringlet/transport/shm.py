@@ -111,8 +111,8 @@ class ShmTransport(Progress, Transport):
     """
 
     name = "shm"
-    # Small all-reduces of the world group in one round through the mailbox (:meth:`small_round`).
-    capabilities = Capabilities(small_path="mailbox", small_bytes=R.MAILBOX_PAYLOAD)
+    # Small all-reduces of the world in one round through the mailbox; any thread may post and wait (one lock).
+    capabilities = Capabilities(small_path="mailbox", small_bytes=R.MAILBOX_PAYLOAD, threaded_posts=True)
 
     @classmethod
     def available(cls) -> bool:

@@ -175,7 +175,9 @@ class TorchTransport(PostingTransport):
     """Point-to-point over torch.distributed; ``native_allreduce`` is ``dist.all_reduce``."""
 
     name = "torch"
-    capabilities = Capabilities(native_digest=True, group_setup=True, native_dtypes=_GLOO_ALLREDUCE_DTYPES)
+    # Posts go through ``_post_lock``; each thread waits on a helper of its own (``_waiter``).
+    capabilities = Capabilities(native_digest=True, group_setup=True, native_dtypes=_GLOO_ALLREDUCE_DTYPES,
+                                threaded_posts=True)
 
     def __init__(self, *, owns_group: bool, nccl: bool | None = None, timeout: float | None = None,
                  own_world: bool = False):

@@ -7,11 +7,13 @@ stock ``torch.nn.parallel.DistributedDataParallel``, mixed precision (:class:`Gr
 overflow decision agreed by the group, :class:`MasterWeights`), ZeRO (:class:`ZeroOptimizer`: optimizer
 state, gradients and parameters sharded over the group), and synchronising less often
 (:class:`LocalSGD`: post-local SGD; :class:`DiLoCo`: an outer optimizer on averaged parameter deltas),
-and mixtures of experts (:class:`MoE`, experts spread over ranks and fed by all-to-all;
-:func:`moe_parallel` / :func:`moe_zero_optimizers`: expert parameters averaged over their own replicas).
+mixtures of experts (:class:`MoE`, experts spread over ranks and fed by all-to-all; :func:`moe_parallel` /
+:func:`moe_zero_optimizers`: expert parameters averaged over their own replicas), and pipeline parallelism
+(:class:`Pipeline`: stages of an ``nn.Sequential`` over the ranks, replicas through DDP).
 
-Everything here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
-Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade.
+Every collective here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
+Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade. The
+pipeline's activations travel by :mod:`ringlet.p2p` directly: point-to-point has no scheduler to choose.
 """
 from .adapt import Adapt
 from .amp import GradScaler
@@ -20,8 +22,10 @@ from .diloco import DiLoCo
 from .experts import MoE, moe_parallel, moe_zero_optimizers, split_moe_params
 from .local_sgd import LocalSGD
 from .master_weights import MasterWeights
+from .pipeline import Pipeline
 from .priority import Priority
 from .zero import ZeroOptimizer, ZeroOptions
 
 __all__ = ["DistributedDataParallel", "GradScaler", "MasterWeights", "LocalSGD", "DiLoCo", "Priority", "Adapt",
-           "ZeroOptimizer", "ZeroOptions", "MoE", "moe_parallel", "moe_zero_optimizers", "split_moe_params"]
+           "ZeroOptimizer", "ZeroOptions", "MoE", "moe_parallel", "moe_zero_optimizers", "split_moe_params",
+           "Pipeline"]

@@ -242,6 +242,14 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         finally:
             self.require_backward_grad_sync = old
 
+    def prepare_for_backward(self, output) -> None:
+        """Make the next backward through the module reduce, as the backward of a forward run outside
+        :meth:`no_sync` does: for callers that run several forwards under ``no_sync()`` and their backwards in
+        another order (pipeline schedules), called just before the one backward that reduces the sum all of
+        them accumulated. ``output``: that backward's root (``find_unused_parameters`` walks its graph).
+        ``RuntimeError`` while a backward's reduction is unfinished."""
+        self._prepare(output)
+
     def forward(self, *inputs, **kwargs):
         grad = torch.is_grad_enabled()
         if grad and not self._step_open:
