@@ -11,9 +11,11 @@ mixtures of experts (:class:`MoE`, experts spread over ranks and fed by all-to-a
 :func:`moe_zero_optimizers`: expert parameters averaged over their own replicas), and pipeline parallelism
 (:class:`Pipeline`: stages of an ``nn.Sequential`` over the ranks, replicas through DDP).
 
-Every collective here reaches the network through :mod:`ringlet.torch.comm`, the one seam shared with the
-Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade. The
-pipeline's activations travel by :mod:`ringlet.p2p` directly: point-to-point has no scheduler to choose.
+Gradients and model state reach the network through :mod:`ringlet.torch.comm`, the one seam shared with
+the Horovod-compatible facade (the rest of :mod:`ringlet.torch`); nothing here imports the facade. Two
+kinds of traffic go to the core directly, since they are part of the forward and backward and have no
+scheduler to choose: the pipeline's activations (:mod:`ringlet.p2p`) and the experts' tokens
+(:func:`ringlet.alltoall`).
 """
 from .adapt import Adapt
 from .amp import GradScaler
