@@ -22,7 +22,10 @@ def test_equivalent_to_the_single_process_model(stages, replicas, schedule):
     def body(rank):
         pipe, err, losses = train(stages, schedule, tune=False)
         assert (losses[0] is not None) == pipe.is_last
-        assert 0 < pipe.stats.step_s and pipe.stats.compute_s > 0 and 0 <= pipe.stats.bubble < 1
+        s = pipe.stats
+        assert 0 < s.step_s and s.compute_s > 0 and 0 <= s.bubble < 1
+        assert s.compute_end_us > 0 and bool(s.allreduce_spans) == (replicas > 1)
+        assert all(0 < a <= b for a, b in s.allreduce_spans) and 0 <= s.allreduce_s < s.step_s
         return pipe.stage, err, pipe.stats.peak_inflight, expected_peak(pipe)
 
     for stage, err, peak, want in run_world(stages * replicas, body):

@@ -20,6 +20,13 @@ from .stage import StageRunner, StepStats, _Step
 __all__ = ["Pipeline"]
 
 
+def _reduce_spans(ddp: DistributedDataParallel) -> tuple[tuple[float, float], ...]:
+    """The ``(start, end)`` (timeline microseconds) of each of ``ddp``'s bucket reductions of the step just
+    ended, as the communication thread ran them (a bucket without a recorded span is left out)."""
+    spans = (getattr(b.work, "span", lambda: None)() for b in ddp._buckets if b.work is not None)
+    return tuple(s for s in spans if s is not None)
+
+
 def _positive_int(v, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{what} must be a positive int, got {v!r}.")
@@ -149,10 +156,13 @@ class Pipeline:
             raise RuntimeError(f"an earlier step of this pipeline failed ({self._failed!r}); messages of that "
                                "step may still be posted, so it cannot run another.") from self._failed
         try:
-            return self._runner.run(self._actions, _Step(xs, ys, loss_fn, scaler, rows), self.microbatches)
+            loss = self._runner.run(self._actions, _Step(xs, ys, loss_fn, scaler, rows), self.microbatches)
         except BaseException as exc:
             self._failed = exc
             raise
+        if self.ddp is not None:
+            self._runner.stats.allreduce_spans = _reduce_spans(self.ddp)
+        return loss
 
     def _split(self, t, what: str) -> list[torch.Tensor]:
         stage = "first" if what == "x" else "last"

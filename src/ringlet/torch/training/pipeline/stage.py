@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 import ringlet
+from ringlet import timeline
 
 from .boundary import HEADER_TAG, Header, Pool, act_tag, grad_tag
 from .schedules import FORWARD, Action
@@ -24,7 +25,13 @@ class StepStats:
     ``compute_s``: forwards, losses and backwards; ``wait_s``: blocked on the neighbouring stages (their
     activations, gradients, and sends still in flight); ``reduce_s``: after the last backward's
     computation, waiting for the replica average still running; ``step_s``: the whole step. ``bubble``:
-    ``wait_s / step_s``, to hold against :func:`~.schedules.bubble_fraction`."""
+    ``wait_s / step_s``, to hold against :func:`~.schedules.bubble_fraction`.
+
+    On the timeline's clock (:func:`ringlet.timeline.now_us`, microseconds, shared by the processes of one
+    host): ``compute_end_us``, when the last backward's computation ended; ``allreduce_spans``, the
+    ``(start, end)`` of each bucket's replica all-reduce on the communication thread (empty with one
+    replica). ``allreduce_s``: the time at least one of them ran. With them a benchmark can tell which
+    part of the replica average ran while this stage or another was still computing."""
 
     stages: int = 0
     microbatches: int = 0
@@ -33,10 +40,16 @@ class StepStats:
     wait_s: float = 0.0
     reduce_s: float = 0.0
     peak_inflight: int = 0
+    compute_end_us: float = 0.0
+    allreduce_spans: tuple[tuple[float, float], ...] = ()
 
     @property
     def bubble(self) -> float:
         return self.wait_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def allreduce_s(self) -> float:
+        return timeline.measure(timeline.union(list(self.allreduce_spans))) * 1e-6
 
 
 @dataclass
@@ -60,6 +73,7 @@ class _Step:
     losses: list = field(default_factory=list)
     held: int = 0
     graph_done: float = 0.0
+    graph_done_us: float = 0.0  # graph_done on the timeline's clock
 
 
 class StageRunner:
@@ -190,6 +204,8 @@ class StageRunner:
             root.register_hook(self._mark_graph_end)
             torch.autograd.backward(root, grad)
         t1 = time.perf_counter()
+        if last:
+            self.stats.compute_end_us = st.graph_done_us if st.graph_done else timeline.now_us()
         reduce = t1 - st.graph_done if last and st.graph_done else 0.0
         self.stats.reduce_s += reduce
         self.stats.compute_s += t1 - t0 - reduce
@@ -200,6 +216,7 @@ class StageRunner:
         runs before the callbacks queued later, such as DDP's wait for the replica average)."""
         def done() -> None:
             self._st.graph_done = time.perf_counter()
+            self._st.graph_done_us = timeline.now_us()
 
         torch.autograd.Variable._execution_engine.queue_callback(done)
 
