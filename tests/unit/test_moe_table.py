@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("sklearn")  # the script imports examples/digits_data.py
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "moe" / "moe_table.py"
@@ -58,3 +59,15 @@ def test_scaling_and_table(table_mod, tmp_path):
     one.write_text(json.dumps({"results": [_row("baseline", 100.0, 4)]}))
     with pytest.raises(SystemExit):
         table_mod.scaling(rows, str(one), 4)
+
+
+def test_moe_blocks_start_different(table_mod):
+    """The shared model (examples/train_moe.py's Net) seeds each MoE layer apart: no two blocks start with
+    the same gate or experts (MoE's seed alone would make them identical)."""
+    net = table_mod.Net(16, 2, 32, 3, dict(num_experts=4, ep_size=None, k=2, capacity_factor=1.25))
+    gates = [m.gate.weight for m in net.moe_layers()]
+    firsts = [m.experts[0][0].weight for m in net.moe_layers()]
+    assert len(gates) == 3
+    for i in range(3):
+        for j in range(i):
+            assert not torch.equal(gates[i], gates[j]) and not torch.equal(firsts[i], firsts[j])
