@@ -31,9 +31,9 @@ untimed up to ``--epochs`` epochs of the training set in all and is tested (accu
 fifth; ``--epochs 0``: not tested). Memory per rank: the accounted state (parameters, their gradients
 and the optimizer's state, bytes this rank holds) and a measured peak: the largest total of torch's
 allocation record while the arm is built and runs its first two steps (``torch.profiler`` with
-``profile_memory``, as benchmarks/zero measures; allocations on ringlet's communication thread are not
-recorded). Scaling efficiency (with ``--one-rank``, the JSON of this script's 1-rank run): the arm's
-samples/s over 4 × (here: the world size ×) its own 1-rank samples/s, and over the world size × the
+``profile_memory``, as benchmarks/zero measures; the profiler may miss allocations made on ringlet's
+communication thread). Scaling efficiency (with ``--one-rank``, the JSON of this script's 1-rank run): the arm's
+samples/s over the world size × its own samples/s in the 1-rank run, and over the world size × the
 1-rank baseline's. MoE rows: expert load balance (the busiest expert's routed assignments over the mean,
 over every training step and layer: 1.0 is even) and the share of assignments dropped for capacity.
 Rank 0 prints a markdown table and, with ``--json``, writes everything as JSON.
@@ -218,7 +218,7 @@ def run_rounds(args, arms: list[Arm], world: int) -> dict[str, list[tuple[float,
     return blocks
 
 
-def finish_training(args, arms: list[Arm], train_len: int, world: int) -> None:
+def finish_training(args, arms: list[Arm]) -> None:
     """Train every arm, untimed, up to ``--epochs`` epochs of the training set in all (counted in steps
     of this rank's loader), so every arm has taken the same number of steps before its test."""
     per_epoch = len(arms[0].loader)
@@ -235,7 +235,6 @@ def summarize(args, arms: list[Arm], blocks, peaks: dict, test_set, rank: int, w
     base = blocks.get("baseline")
     rows = []
     for arm in arms:
-        arm.counts = arm.counts.clone()
         ringlet.allreduce_(arm.counts)
         acc = accuracy(arm.model, test_set, rank, world) if args.epochs else None
         rates = [n / t for t, n in blocks[arm.name]]
@@ -323,7 +322,7 @@ def main(argv=None) -> None:
     train_set, test_set = digits()
     arms, peaks = build_arms(args, world, rank, train_set)
     blocks = run_rounds(args, arms, world)
-    finish_training(args, arms, len(train_set), world)
+    finish_training(args, arms)
     rows = summarize(args, arms, blocks, peaks, test_set, rank, world)
     if rank == 0:
         scaling(rows, args.one_rank, world)
