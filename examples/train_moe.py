@@ -34,13 +34,14 @@ from digits_data import configuration, digits  # examples/digits_data.py, beside
 class Block(torch.nn.Module):
     """Pre-norm attention and feed-forward (an MLP, or an MoE layer when ``moe`` holds its options)."""
 
-    def __init__(self, d: int, heads: int, ff: int, moe: dict | None):
+    def __init__(self, d: int, heads: int, ff: int, moe: dict | None, seed: int = 0):
         super().__init__()
         self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
         self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
         width = ff if moe is None else ff // moe["k"]
         mlp = torch.nn.Sequential(torch.nn.Linear(d, width), torch.nn.GELU(), torch.nn.Linear(width, d))
-        self.ffn = mlp if moe is None else ringlet.torch.MoE(d, mlp, **moe)
+        # MoE's seed fixes its gate and experts: one per block, or every block would start identical
+        self.ffn = mlp if moe is None else ringlet.torch.MoE(d, mlp, **moe, seed=seed)
 
     def forward(self, x: torch.Tensor, aux: list) -> torch.Tensor:
         h = self.norm1(x)
@@ -62,7 +63,7 @@ class Net(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Linear(8, d)
         self.pos = torch.nn.Parameter(torch.randn(8, d) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(d, heads, ff, moe) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(d, heads, ff, moe, seed=i) for i in range(layers))
         self.head = torch.nn.Linear(d, 10)
 
     def forward(self, x: torch.Tensor):
