@@ -93,7 +93,7 @@ def test_transports_declare_their_abilities_in_one_record():
     assert MPITransport.capabilities.max_segment_bytes == 1 << 20 and MPITransport.capabilities.group_setup
     assert ShmTransport.capabilities.small_path == "mailbox" and ShmTransport.capabilities.small_bytes > 0
     assert TorchTransport.capabilities.native_digest and TorchTransport.capabilities.small_path is None
-    assert InprocTransport.capabilities == Capabilities(partial_receive=True)
+    assert InprocTransport.capabilities == Capabilities(partial_receive=True, threaded_posts=True)
     tr = InprocWorld(1).transport(0)
     tr.wait_all([])  # the defaults: wait for each handle in turn; no backend step for a new group
     assert tr.on_new_group(1, (0,)) is None

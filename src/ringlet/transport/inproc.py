@@ -84,8 +84,9 @@ class _LazySend(Handle):
                 self.move()
                 if self.moved:
                     return
-                if dst in self.world.dead or src in self.world.dead:
-                    raise PeerError(f"rank {src}: peer rank {dst} died before receiving (tag {tag})")
+                if self.world.dead:
+                    raise PeerError(f"rank {src}: peer rank {min(self.world.dead)} died before rank {dst} received "
+                                    f"(tag {tag})")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise CollectiveTimeout(f"rank {src}: timed out after {timeout:.1f}s sending to rank {dst} "
@@ -117,14 +118,15 @@ class InprocWorld:
         return InprocTransport(self, rank)
 
     def kill(self, rank: int) -> None:
-        """Mark ``rank`` dead: its peers' pending and future receives from it fail with PeerError."""
+        """Mark ``rank`` dead, as a job's liveness monitor announces a dead rank: every survivor's pending
+        and later operations fail with ``PeerError`` naming it, not only those with the dead rank (a survivor
+        waiting on another survivor that left its collective must not wait for the timeout)."""
         with self.cond:
             self.dead.add(rank)
             for (src, dst, tag), q in self.posted.items():
-                if src == rank or dst == rank:
-                    for h in q:
-                        h.error = PeerError(f"rank {dst}: peer rank {src} died")
-                    q.clear()
+                for h in q:
+                    h.error = PeerError(f"rank {dst}: peer rank {rank} died")
+                q.clear()
             self.cond.notify_all()
 
     def run(self, fn: Callable[["InprocTransport"], object], timeout: float = 120.0) -> list:
@@ -168,8 +170,8 @@ class InprocTransport(Transport):
     def _check_alive(self, peer: int) -> None:
         if self.rank in self.world.dead:
             raise PeerError(f"rank {self.rank} has been killed")
-        if peer in self.world.dead:
-            raise PeerError(f"rank {self.rank}: peer rank {peer} died")
+        if self.world.dead:
+            raise PeerError(f"rank {self.rank}: peer rank {min(self.world.dead)} died")
 
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Handle:
         w = self.world
