@@ -15,10 +15,12 @@ exchanges its send and receive counts (an error path) and raises the same
 :class:`~ringlet.types.MismatchError`, naming the first pair that disagrees.
 
 *The count matrix*, where a schedule needs it (no receive counts, or a forced two-level or Bruck
-schedule): on a transport with a native all-reduce and no small-message path (Gloo), after the digest
-round of a checked call, one native all-reduce (SUM) of a ``p × k`` int64 matrix in which each member
-fills its row (its counts and, with receive counts, its residual pair); elsewhere the records of the
-check carry the counts (:func:`ringlet.engine.agree.records`).
+schedule), travels in the records (:func:`ringlet.engine.agree.records`: the small-message path's one
+round, or on Gloo the digest round of a checked call followed by a one-step exchange of the records;
+unchecked, that exchange alone), each member's record holding its counts and, with receive counts, its
+residual pair. A native all-reduce gathering the matrix instead (each member filling its row of a
+``p × p`` int64 matrix) was slower on Gloo: its ring's sequential hops against one step of
+point-to-point messages (benchmarks/alltoall).
 """
 from __future__ import annotations
 
@@ -28,15 +30,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..types import MismatchError, ReduceOp
+from ..types import MismatchError
 from . import agree, small
 from .channel import Channel
 from .meta import Kind, Meta
 
 MODULI = agree.MODULI
-#: The most int64 elements the native all-reduce that gathers the count matrix carries (128 KiB); larger
-#: groups exchange records instead.
-NATIVE_GATHER_MAX = 1 << 14
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -119,29 +118,10 @@ def exchange(ch: Channel, t: torch.Tensor, algorithm: str, send: Sequence[int], 
     res = residuals(p, ch.rank, send, recv) if recv is not None else ()
     row = tuple(send) + tuple(res)
     meta = record(t, algorithm, row, recv is not None)
-    if _native(ch) and p * len(row) <= NATIVE_GATHER_MAX:
-        if not check or agree.digest_agrees(ch, _common(meta)):
-            rows = _gather_native(ch, row)
-        else:
-            metas = agree.exchange_records(ch, meta)  # every member gets here (the digest round's answer)
-            agree.verify(ch, metas)
-            rows = [m.splits for m in metas]
-    else:
-        rows = [m.splits for m in _records(ch, meta, check)]
+    rows = [m.splits for m in _records(ch, meta, check)]
     if recv is not None and not _sums_to_zero([r[p:] for r in rows]):
         name_mismatch(ch, send, recv)
     return [tuple(int(c) for c in r[:p]) for r in rows]
-
-
-def _gather_native(ch: Channel, row: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every member's ``row`` by one native all-reduce (SUM) of a matrix in which each fills its own row."""
-    k = len(row)
-    buf = torch.zeros(ch.size * k, dtype=torch.int64)
-    buf[ch.rank * k:(ch.rank + 1) * k] = torch.tensor(row, dtype=torch.int64)
-    if not ch.transport.native_allreduce(buf, ReduceOp.SUM, ch.peers):
-        raise RuntimeError(f"the {ch.transport.name} transport declares native_digest but refused an int64 "
-                           "all-reduce")
-    return [tuple(r) for r in buf.view(ch.size, k).tolist()]
 
 
 def name_mismatch(ch: Channel, send: Sequence[int], recv: Sequence[int]) -> None:
