@@ -7,7 +7,7 @@ the Horovod coordinator's negotiation messages and the runtime's hostnames all t
 the records travel over it, as the small all-reduce carries its own in band, so that members calling
 different ops meet in the same messages. Elsewhere, on transports with a cheap native all-reduce
 (``capabilities.native_digest``) the members first compare a 62-bit digest of their records in one tiny
-all-reduce (:func:`digest_agrees`, which also carries an all-to-all's check of its receive counts), and exchange the records themselves only when the digests differ (to name the
+all-reduce, and exchange the records themselves only when the digests differ (to name the
 mismatch); elsewhere they exchange the records at once. A disagreement raises the same
 :class:`~ringlet.types.MismatchError` on every member, and nothing else has moved.
 """
@@ -48,28 +48,15 @@ def exchange(ch: Channel, payload: bytes, slot: int) -> list[bytes]:
     return [raw[r * slot:(r + 1) * slot] for r in range(p)]
 
 
-#: The primes an all-to-all's count residuals are taken modulo (:mod:`ringlet.engine.a2a_counts`): below
-#: 2^31, so that a weight times a count fits an int64, and the sum of the members' residuals too.
-MODULI = (2147483647, 2147483629)
-_DIGEST_PARTS, _PART_BITS = 3, 21  # a 62-bit digest as three 21-bit parts: sums of squares fit an int64
-
-
-def digest_agrees(ch: Channel, meta: Meta, residual: tuple[int, int] = (0, 0)) -> bool:
-    """True when every member's record has the same digest and the members' ``residual`` pairs sum to
-    zero modulo :data:`MODULI` (an all-to-all's check of its receive counts;
-    every other op passes zeros), by one native all-reduce (SUM) of 8 int64: the digest's three 21-bit
-    parts ``a``, their squares and the residuals. The parts agree exactly when ``p·Σa² = (Σa)²``
-    (equality in Cauchy-Schwarz: all equal). False when anything differs or the transport has no
-    native all-reduce. Every checked op opens with this same all-reduce, so that members calling
-    different ops meet in it. The result is the same on every member."""
-    d, mask = meta.digest(), (1 << _PART_BITS) - 1
-    parts = [(d >> (_PART_BITS * i)) & mask for i in range(_DIGEST_PARTS)]
-    buf = torch.tensor(parts + [a * a for a in parts] + list(residual), dtype=torch.int64)
-    if not ch.transport.native_allreduce(buf, ReduceOp.SUM, ch.peers):
+def digest_agrees(ch: Channel, meta: Meta) -> bool:
+    """True when every member's record has the same digest, by one native all-reduce (MAX) of
+    ``[d, -d]``; False when they differ or the transport has no native all-reduce. The result is the
+    same on every member."""
+    d = meta.digest()
+    buf = torch.tensor([d, -d], dtype=torch.int64)
+    if not ch.transport.native_allreduce(buf, ReduceOp.MAX, ch.peers):
         return False
-    v, p = buf.tolist(), ch.size
-    same = all(p * v[_DIGEST_PARTS + i] == v[i] * v[i] for i in range(_DIGEST_PARTS))
-    return same and all(r % q == 0 for r, q in zip(v[2 * _DIGEST_PARTS:], MODULI))
+    return int(buf[0]) == -int(buf[1])
 
 
 def _clipped(meta: Meta) -> Meta:
