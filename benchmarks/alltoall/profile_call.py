@@ -2,14 +2,17 @@
 
     ringlet run -np 4 --transport torch -- python benchmarks/alltoall/profile_call.py
 
-Each phase is a function of the call path wrapped with a timer (``--phases`` lists them; a phase that
-does not exist in the checkout being profiled is left out, so that the same script profiles older code):
-the split exchange (``records``/``counts``), the choice, the schedule build, the plan compile, the
-executor (``execute``, the plan compile and the record exchange's schedule excluded) and the whole request on the runtime's
-queue (``request``). ``call`` is the caller's wall time per call. Two count patterns: ``same`` (the same
-ragged matrix every call: cached schedules) and ``fresh`` (new ragged counts every call, as mixture of
-experts sends: every schedule built anew). Prints per size and pattern the slowest rank's mean
-milliseconds per call of each phase.
+Each phase is a function of the call path wrapped with a timer (a phase missing from the checkout being
+profiled is left out, so that the same script profiles older code): the count exchange or check
+(``counts``: all of it; ``records``: the record exchange with its digest round; ``digest``: that round
+alone; ``record_exchange``: the records' step alone; ``residual``: the receive counts' check round),
+the choice, the schedule build, the plan compile, the executor (``execute``: the data's messages, the
+plan compiles and the records' step excluded) and the whole request on the runtime's queue
+(``request``). ``call`` is the caller's wall time per call. Phases are the slowest rank's, so they do
+not add up exactly; a round that synchronises the ranks also absorbs their skew. Two count patterns:
+``same`` (the same ragged matrix every call: cached schedules) and ``fresh`` (new ragged counts every
+call, as mixture of experts sends: every schedule built anew). ``--recv`` passes ``recv_splits``.
+Prints per size and pattern the slowest rank's mean milliseconds per call of each phase.
 """
 from __future__ import annotations
 
@@ -55,9 +58,9 @@ def instrument() -> None:
     agree.exchange = timed("record_exchange", agree.exchange)
     try:
         from ringlet.engine import a2a_counts
-        for fn in ("exchange", "verify_recv"):
-            if hasattr(a2a_counts, fn):
-                setattr(a2a_counts, fn, timed("counts", getattr(a2a_counts, fn)))
+        a2a_counts.exchange = timed("counts", a2a_counts.exchange)
+        a2a_counts.check_known = timed("counts", a2a_counts.check_known)
+        a2a_counts._native_sum_is_zero = timed("residual", a2a_counts._native_sum_is_zero)
     except ImportError:
         pass
     for fn in ("pairwise_direct",):
