@@ -31,7 +31,8 @@ def main() -> None:
     for i, size in enumerate(sizes):
         cells = []
         for who, arm in ARMS:
-            ratios = [r["rows"][i]["ms"][arm] / r["rows"][i]["ms"]["gloo"] for r in runs[who] if arm in r["rows"][i]["ms"]]
+            ratios = [r["rows"][i]["ms"][arm] / r["rows"][i]["ms"]["gloo"] for r in runs[who]
+                      if arm in r["rows"][i]["ms"]]
             ms = [r["rows"][i]["ms"][arm] for r in runs[who] if arm in r["rows"][i]["ms"]]
             cells.append(f"{statistics.median(ratios):.2f} [{min(ratios):.1f}-{max(ratios):.1f}] "
                          f"({statistics.median(ms):.1f} ms)" if ratios else "-")

@@ -314,7 +314,8 @@ def count_path(request, monkeypatch):
         fake = _FakeNative()
         monkeypatch.setattr(InprocTransport, "capabilities",
                             dataclasses.replace(InprocTransport.capabilities, native_digest=True))
-        monkeypatch.setattr(InprocTransport, "native_allreduce", lambda self, buf, op, ranks: fake(self, buf, op, ranks))
+        monkeypatch.setattr(InprocTransport, "native_allreduce",
+                            lambda self, buf, op, ranks: fake(self, buf, op, ranks))
     return request.param
 
 
@@ -331,7 +332,8 @@ def test_public_alltoall_with_recv_splits(count_path, p):
             for check in (True, False):
                 for c in cases:
                     recv = [c[s][1][rank] for s in range(p)]
-                    out.append(ringlet.alltoall(c[rank][0], c[rank][1], algorithm=algo, recv_splits=recv, check=check))
+                    out.append(ringlet.alltoall(c[rank][0], c[rank][1], algorithm=algo, recv_splits=recv,
+                                                check=check))
         return out
 
     res = run_world(p, fn, options=Options(timeout=20, segment_bytes=8))
@@ -372,7 +374,8 @@ def test_mismatched_recv_splits_raise_on_every_rank(count_path, p):
 def test_recv_splits_bad_arguments():
     def fn(rank):
         x = torch.zeros(4)
-        for recv, msg in (([2], "has 1 entries"), ([2, -1], "non-negative"), ([1, 2] if rank == 0 else [2, 1], "own block"),
+        own = [1, 2] if rank == 0 else [2, 1]
+        for recv, msg in (([2], "has 1 entries"), ([2, -1], "non-negative"), (own, "own block"),
                           ([2.5, 2], "integers"), (torch.zeros(2), "integer tensor")):
             with pytest.raises(ValueError, match=msg):
                 ringlet.alltoall(x, [2, 2], recv_splits=recv)

@@ -90,7 +90,8 @@ def _exchange_step(b: ScheduleBuilder, p: int, counts, lay: _Layout, send_off, r
             if h == lay.host[d]:
                 continue
             a = lay.handler(h, d)
-            _add(rows, a, d, merge_pieces([(2, lay.slot[(s, d)], 0, int(recv_off[s, d]), int(counts[s, d])) for s in row]))
+            pieces = [(2, lay.slot[(s, d)], 0, int(recv_off[s, d]), int(counts[s, d])) for s in row]
+            _add(rows, a, d, merge_pieces(pieces))
     _flush(b, rows)
 
 

@@ -174,8 +174,8 @@ def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[in
     :func:`ringlet.tuning.select.alltoall_choice`). Instead of the matrix (``all_splits`` None), ``send``
     and ``recv``: the rows this member sends to and receives from each, which the caller made sure agree
     with the other members' (:mod:`ringlet.engine.a2a_counts`); the pairwise exchange then runs
-    (``"auto"`` or ``"pairwise"``; another name raises ``ValueError``), which needs no other counts. Pairwise runs without a compiled schedule
-    (:func:`pairwise_direct`)."""
+    (``"auto"`` or ``"pairwise"``; another name raises ``ValueError``), which needs no other counts.
+    Pairwise runs without a compiled schedule (:func:`pairwise_direct`)."""
     me, p = ch.rank, ch.size
     row = row_numel(t)
     if all_splits is not None:
