@@ -12,9 +12,11 @@ every implementation, which every rank computes alike.
 Per size the timing blocks of every implementation are interleaved (A B C A B C ...); each number is the
 slowest rank's median block. Every implementation's output is then compared with the expected one
 (integer data); ``#wrong`` counts wrong elements over all ranks. ``auto`` is ``ringlet.alltoall`` as a
-user calls it; the table names what it chose. ``engine`` is the pairwise schedule without the split
-exchange every call of ``ringlet.alltoall`` makes first (the engine's ``alltoall_rows`` on the
-runtime's queue, every split known): the difference to ``pairwise`` is what that exchange costs.
+user calls it; the table names what it chose. ``recv`` passes the receive counts too (``recv_splits``:
+no count exchange, the counts checked in the one metadata round of a checked call), ``recv_unchecked``
+also with ``check=False`` (nothing before the data). ``engine`` is the pairwise exchange alone (the
+engine's ``alltoall_rows`` on the runtime's queue, every split known, no check): the difference to
+``pairwise`` is what the count exchange and the check cost.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 ALGORITHMS = ("pairwise", "hierarchical", "bruck", "auto")
+RECV_ARMS = ("recv", "recv_unchecked")  # ringlet.alltoall with recv_splits: checked (the default), unchecked
 
 
 def split_matrix(p: int, nbytes: int, itemsize: int, zeros: bool) -> list[list[int]]:
@@ -68,6 +71,13 @@ def implementations(splits, me, comm):
         return run
 
     runs = {algo: ringlet_run(algo) for algo in ALGORITHMS}
+
+    def ringlet_recv(check):
+        def run():
+            result["recv" if check else "recv_unchecked"] = ringlet.alltoall(send, splits[me], recv_splits=recv_counts,
+                                                                             check=check)[0]
+        return run
+    runs["recv"], runs["recv_unchecked"] = ringlet_recv(True), ringlet_recv(False)
     rt = ringlet.collectives.runtime()
 
     def engine():
@@ -133,12 +143,14 @@ def table(rows: list[dict], header: str) -> str:
 
     names = list(rows[0]["ms"])
     lines = [header, "", "| size per rank | " + " | ".join(f"{n} ms" for n in names)
-             + " | auto chose | best ringlet / gloo |" + (" best ringlet / mpi |" if "mpi" in names else "")
-             + " #wrong |", "|---|" + "---|" * (len(names) + 3 + ("mpi" in names))]
+             + " | auto chose | auto / gloo | best ringlet / gloo |"
+             + (" best ringlet / mpi |" if "mpi" in names else "") + " #wrong |",
+             "|---|" + "---|" * (len(names) + 4 + ("mpi" in names))]
     for r in rows:
         ms = r["ms"]
-        best = min(ms[a] for a in ALGORITHMS)
-        cells = [f"{ms[n]:.3f}" for n in names] + [r["auto_chose"], f"{best / ms['gloo']:.2f}"]
+        best = min(ms[a] for a in ALGORITHMS + RECV_ARMS if a in ms)
+        cells = [f"{ms[n]:.3f}" for n in names] + [r["auto_chose"], f"{ms['auto'] / ms['gloo']:.2f}",
+                                                   f"{best / ms['gloo']:.2f}"]
         if "mpi" in ms:
             cells.append(f"{best / ms['mpi']:.2f}")
         cells.append(str(sum(r["wrong"].values())))

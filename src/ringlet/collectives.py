@@ -305,18 +305,21 @@ def reduce_scatter_async(tensor, op=ReduceOp.SUM, group=None, prescale_factor=1.
 
 # ---- all-to-all ---------------------------------------------------------------------------------
 def alltoall_async(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None,
-                   algorithm: str = "auto") -> Work:
+                   algorithm: str = "auto", *, recv_splits: Sequence[int] | None = None,
+                   check: bool | None = None) -> Work:
     rt = runtime()
     _check_tensor(tensor)
     algorithm = select.alltoall(algorithm)
     g = _group(rt, group)
     splits = args.alltoall_splits(splits, tensor, g.size)
+    recv = args.alltoall_recv_splits(recv_splits, splits, g.size, g.rank_of(rt.rank))
+    check = rt.options.check if check is None else bool(check)
     src = tensor.clone()
-    return rt.submit_op(AlltoallRequest(g, src, tuple(splits), rt.options.check, algorithm), sync=False)
+    return rt.submit_op(AlltoallRequest(g, src, tuple(splits), check, algorithm, recv), sync=False)
 
 
 def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: Group | None = None,
-             algorithm: str = "auto"):
+             algorithm: str = "auto", *, recv_splits: Sequence[int] | None = None, check: bool | None = None):
     """Send ``splits[d]`` rows (dim 0) to rank ``d``; return ``(output, received_splits)`` where the
     output concatenates the received rows in rank order. Without ``splits`` dim 0 is split evenly.
 
@@ -324,8 +327,20 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | None = None, group: G
     inside each host, one exchange between hosts; on one host it is a one-step direct exchange),
     ``"bruck"`` (ceil(log2 p) rounds, for small messages) or ``"auto"`` (the runtime's selector picks
     from the exchanged counts: :func:`ringlet.tuning.select.alltoall_choice`). docs/algorithms.md,
-    "All-to-all". ``ValueError`` for an unknown name."""
-    return alltoall_async(tensor, splits, group, algorithm).wait()
+    "All-to-all". ``ValueError`` for an unknown name.
+
+    ``recv_splits``: the rows this rank receives from each rank, when the caller knows them (torch's
+    ``output_split_sizes``, MPI's ``recvcounts``; it is what this call would return as
+    ``received_splits``). Give it on every rank of the group or on none. Then ``"auto"`` runs the
+    pairwise exchange on every rank and nothing is exchanged before the data: no counts (the other
+    schedules need every rank's counts, so a forced ``"hierarchical"`` or ``"bruck"`` exchanges them).
+    ``check`` (default: ``RINGLET_CHECK``): the ranks' ops are compared, and their counts checked
+    against each other, in the one small round every checked collective makes; counts that disagree
+    (a rank's ``recv_splits[s]`` is not what rank ``s`` sends it) raise the same
+    :class:`~ringlet.types.MismatchError` on every rank, before data moves. With ``check=False`` the
+    counts are trusted: counts that disagree then give a wrong result or an error or a timeout of the
+    transport (as MPI's ``Alltoallv``)."""
+    return alltoall_async(tensor, splits, group, algorithm, recv_splits=recv_splits, check=check).wait()
 
 
 # ---- barrier ------------------------------------------------------------------------------------

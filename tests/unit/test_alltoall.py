@@ -273,3 +273,142 @@ def test_simulator_and_cost_model_accept_every_schedule():
             sim = replay("alltoall", algo, nbytes, topo, net)
             model = predicted("alltoall", algo, nbytes, topo, net)
             assert sim.seconds > 0 and model.seconds == pytest.approx(sim.seconds, rel=0.05), (algo, nbytes)
+
+
+# ---- receive counts given (recv_splits) -------------------------------------------------------------
+class _FakeNative:
+    """A native all-reduce (SUM, MAX) for the in-process transport, as Gloo's: every member of ``ranks``
+    calls it in the same order; the n-th calls of a group are reduced together (sizes must match)."""
+
+    def __init__(self):
+        import threading
+
+        self.cond, self.slots, self.seq = threading.Condition(), {}, {}
+
+    def __call__(self, tr, buf, op, ranks):
+        from ringlet.types import ReduceOp
+
+        key = (tuple(ranks), tr.rank)
+        with self.cond:
+            n = self.seq[key] = self.seq.get(key, -1) + 1
+            slot = self.slots.setdefault((tuple(ranks), n), {})
+            slot[tr.rank] = buf.clone()
+            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: len(slot) == len(ranks), timeout=20):
+                raise TimeoutError("fake native all-reduce: a member did not come")
+            vals = torch.stack([slot[r] for r in ranks])  # raises on different sizes, as a failed collective
+        buf.copy_(vals.sum(0) if ReduceOp.parse(op) == ReduceOp.SUM else vals.max(0).values)
+        return True
+
+
+@pytest.fixture(params=["records", "p2p", "native"])
+def count_path(request, monkeypatch):
+    """Where an all-to-all's counts and check travel: the record exchange (schedules), MPI's small path
+    (records in band) or a native all-reduce (Gloo's digest round and the count matrix's all-reduce)."""
+    from conftest import P2P_SMALL
+    from ringlet.transport.inproc import InprocTransport
+
+    if request.param == "p2p":
+        monkeypatch.setattr(InprocTransport, "capabilities", P2P_SMALL)
+    elif request.param == "native":
+        fake = _FakeNative()
+        monkeypatch.setattr(InprocTransport, "capabilities",
+                            dataclasses.replace(InprocTransport.capabilities, native_digest=True))
+        monkeypatch.setattr(InprocTransport, "native_allreduce",
+                            lambda self, buf, op, ranks: fake(self, buf, op, ranks))
+    return request.param
+
+
+@pytest.mark.parametrize("p", WORLDS)
+def test_public_alltoall_with_recv_splits(count_path, p):
+    """Every schedule and ``auto``, checked and not, with the receive counts given: the reference's
+    answer (``auto`` and ``pairwise`` exchange no counts; the others exchange them)."""
+    cases = _cases(p)
+    names = ALGOS + ["auto"]
+
+    def fn(rank):
+        out = []
+        for algo in names:
+            for check in (True, False):
+                for c in cases:
+                    recv = [c[s][1][rank] for s in range(p)]
+                    out.append(ringlet.alltoall(c[rank][0], c[rank][1], algorithm=algo, recv_splits=recv,
+                                                check=check))
+        return out
+
+    res = run_world(p, fn, options=Options(timeout=20, segment_bytes=8))
+    n = len(cases)
+    for i in range(len(names) * 2):
+        _check_cases(cases, [r[i * n:(i + 1) * n] for r in res], f"{names[i // 2]} check={i % 2 == 0} p={p}")
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_mismatched_recv_splits_raise_on_every_rank(count_path, p):
+    """A rank expecting one row more from rank 0 than rank 0 sends: the same MismatchError, naming the
+    pair, on every rank, with every schedule (checked; the schedules that exchange the counts check them
+    also unchecked); and receive counts given on some ranks only. The next call then works."""
+    from ringlet.types import MismatchError
+
+    splits = [[(r + d) % 3 for d in range(p)] for r in range(p)]
+    wrong = f"rank 0 sends {splits[0][p - 1]} rows to rank {p - 1}, but rank {p - 1} expects {splits[0][p - 1] + 1}"
+    cases = [(a, True) for a in ALGOS + ["auto"]] + [("hierarchical", False), ("bruck", False)]
+
+    def fn(rank):
+        x = torch.arange(float(sum(splits[rank])))
+        recv = [splits[s][rank] for s in range(p)]
+        bad = [c + (1 if rank == p - 1 and s == 0 else 0) for s, c in enumerate(recv)]
+        for algo, check in cases:
+            with pytest.raises(MismatchError, match=wrong):
+                ringlet.alltoall(x, splits[rank], algorithm=algo, recv_splits=bad, check=check)
+        with pytest.raises(MismatchError, match="receive counts"):
+            ringlet.alltoall(x, splits[rank], recv_splits=recv if rank else None, check=True)
+        return ringlet.alltoall(x, splits[rank], recv_splits=recv)
+
+    res = run_world(p, fn, options=Options(timeout=20))
+    inputs = [torch.arange(float(sum(splits[r]))) for r in range(p)]
+    expected = reference.alltoall(inputs, splits)
+    for d in range(p):
+        assert torch.equal(res[d][0], expected[d]) and res[d][1] == [splits[s][d] for s in range(p)]
+
+
+def test_recv_splits_bad_arguments():
+    def fn(rank):
+        x = torch.zeros(4)
+        own = [1, 2] if rank == 0 else [2, 1]
+        for recv, msg in (([2], "has 1 entries"), ([2, -1], "non-negative"), (own, "own block"),
+                          ([2.5, 2], "integers"), (torch.zeros(2), "integer tensor")):
+            with pytest.raises(ValueError, match=msg):
+                ringlet.alltoall(x, [2, 2], recv_splits=recv)
+        return ringlet.alltoall(x + rank, [2, 2], recv_splits=torch.tensor([2, 2]))[0]
+
+    outs = run_world(2, fn)
+    assert outs[0].tolist() == [0, 0, 1, 1] and outs[1].tolist() == [0, 0, 1, 1]
+
+
+def test_count_residuals_cancel_only_when_consistent():
+    """The residuals of consistent counts sum to zero modulo both primes; one count off does not."""
+    from ringlet.engine.a2a_counts import MODULI, residuals
+
+    rng = random.Random(7)
+    for p in (2, 3, 8, 33):
+        m = [[rng.randrange(0, 1 << 40) for _ in range(p)] for _ in range(p)]
+        cols = [[m[s][d] for s in range(p)] for d in range(p)]
+        assert all(sum(residuals(p, r, m[r], cols[r])[j] for r in range(p)) % q == 0 for j, q in enumerate(MODULI))
+        cols[1][0] += 1
+        assert any(sum(residuals(p, r, m[r], cols[r])[j] for r in range(p)) % q for j, q in enumerate(MODULI))
+
+
+def test_an_other_op_meets_an_alltoall_with_recv_splits(count_path):
+    """A rank calling an all-reduce while the other calls an all-to-all with receive counts: both meet in
+    the check's round and raise the same MismatchError; the next call works."""
+    from ringlet.types import MismatchError
+
+    def fn(rank):
+        with pytest.raises(MismatchError, match="Mismatched operations"):
+            if rank:
+                ringlet.alltoall(torch.zeros(2), recv_splits=[1, 1])
+            else:
+                ringlet.allreduce(torch.zeros(2))
+        return ringlet.alltoall(torch.arange(2.0) + 2 * rank, recv_splits=[1, 1])[0].tolist()
+
+    assert run_world(2, fn, options=Options(timeout=20)) == [[0.0, 2.0], [1.0, 3.0]]

@@ -286,6 +286,37 @@ def section_alltoall(run: Runner) -> None:
     run.case("alltoall even splits float32", lambda: alltoall_case(run, torch.float32, None))
     big = [[1000 * ((q + d) % 3) for d in range(p)] for q in range(p)]
     run.case("alltoall larger splits float64", lambda: alltoall_case(run, torch.float64, big))
+    run.case("alltoall recv_splits every schedule", lambda: alltoall_recv_case(run, splits))
+    run.case("alltoall mismatched recv_splits", lambda: alltoall_mismatch_case(run, splits))
+
+
+def alltoall_recv_case(run: Runner, splits):
+    """The receive counts given, every schedule, checked and not: the reference's rows."""
+    p, r = run.size, run.rank
+    ins = [data(f"a2a-recv|{splits}", q, (sum(splits[q]), 3), torch.float32) for q in range(p)]
+    want, recv = reference.alltoall(ins, splits)[r], [splits[s][r] for s in range(p)]
+    for algo in ("auto", "pairwise", "hierarchical", "bruck"):
+        for check in (True, False):
+            out, got = ringlet.alltoall(ins[r].clone(), splits[r], algorithm=algo, recv_splits=recv, check=check)
+            check_equal(out, want)
+            if list(got) != recv:
+                raise AssertionError(f"{algo}: received splits {list(got)}, want {recv}")
+
+
+def alltoall_mismatch_case(run: Runner, splits):
+    """The last rank expects one row more from rank 0 than it sends: the same MismatchError everywhere."""
+    from ringlet.types import MismatchError
+
+    p, r = run.size, run.rank
+    recv = [splits[s][r] + (1 if r == p - 1 and s == 0 else 0) for s in range(p)]
+    for algo in ("auto", "bruck"):
+        try:
+            ringlet.alltoall(torch.zeros(sum(splits[r])), splits[r], algorithm=algo, recv_splits=recv)
+        except MismatchError as e:
+            if f"rank 0 sends {splits[0][p - 1]} rows to rank {p - 1}" not in str(e):
+                raise
+        else:
+            raise AssertionError(f"{algo}: mismatched recv_splits did not raise")
 
 
 # ---- barrier, groups, async --------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class _Layout:
 def _gather_step(b: ScheduleBuilder, p: int, counts, lay: _Layout, send_off, recv_off) -> list[np.ndarray]:
     """Step 0; returns each rank's local copies of its own handled blocks into its scratch."""
     b.new_step()
+    rows: list[tuple] = []
     own: list[list] = [[] for _ in range(p)]
     for s in range(p):
         h = lay.host[s]
@@ -76,23 +77,34 @@ def _gather_step(b: ScheduleBuilder, p: int, counts, lay: _Layout, send_off, rec
             piece = (1, int(send_off[s, d]), 2, lay.slot[(s, d)], int(counts[s, d]))
             (own[s] if a == s else by_peer.setdefault(a, [])).append(piece)
         for peer, pieces in by_peer.items():
-            _add(b, s, peer, merge_pieces(pieces))
+            _add(rows, s, peer, merge_pieces(pieces))
+    _flush(b, rows)
     return [np.asarray(merge_pieces(c), dtype=np.int64).reshape(-1, 5) for c in own]
 
 
 def _exchange_step(b: ScheduleBuilder, p: int, counts, lay: _Layout, send_off, recv_off) -> None:
     b.new_step()
+    rows: list[tuple] = []
     for d in range(p):
         for h, row in enumerate(lay.rows):
             if h == lay.host[d]:
                 continue
             a = lay.handler(h, d)
-            _add(b, a, d, merge_pieces([(2, lay.slot[(s, d)], 0, int(recv_off[s, d]), int(counts[s, d])) for s in row]))
+            pieces = [(2, lay.slot[(s, d)], 0, int(recv_off[s, d]), int(counts[s, d])) for s in row]
+            _add(rows, a, d, merge_pieces(pieces))
+    _flush(b, rows)
 
 
-def _add(b: ScheduleBuilder, src: int, dst: int, pieces) -> None:
-    for sb, so, db, do, c in pieces:
-        b.add(src, dst, so, c, dst_offset=do, src_buf=sb, dst_buf=db)
+def _add(rows: list, src: int, dst: int, pieces) -> None:
+    rows.extend((src, dst, so, c, do, sb, db) for sb, so, db, do, c in pieces)
+
+
+def _flush(b: ScheduleBuilder, rows: list) -> None:
+    """The step's transfers, in the order they were added, by one ``add_many`` (one call per piece cost
+    most of the build: about 20 ms at 32 ranks)."""
+    if rows:
+        a = np.asarray(rows, dtype=np.int64)
+        b.add_many(a[:, 0], a[:, 1], a[:, 2], a[:, 3], dst_offset=a[:, 4], src_buf=a[:, 5], dst_buf=a[:, 6])
 
 
 @cached

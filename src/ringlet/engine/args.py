@@ -54,6 +54,32 @@ def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
     return sp
 
 
+def alltoall_recv_splits(recv, splits: Sequence[int], p: int, me: int) -> tuple[int, ...] | None:
+    """The rows received from each of ``p`` members as the caller gave them (``recv``: a list of ints or a
+    1-D integer tensor, non-negative; None: unknown). A member's own block does not travel, so
+    ``recv[me]`` must equal ``splits[me]``."""
+    if recv is None:
+        return None
+    if isinstance(recv, torch.Tensor):
+        if recv.dim() != 1 or recv.is_floating_point():
+            raise ValueError("alltoall recv_splits must be a 1-D integer tensor or a list of ints.")
+        recv = recv.tolist()
+    try:
+        rs = [int(r) for r in recv]
+    except (TypeError, ValueError):
+        raise ValueError(f"alltoall recv_splits must be integers, got {recv!r}.") from None
+    if any(isinstance(r, bool) or r != i for r, i in zip(recv, rs)):
+        raise ValueError(f"alltoall recv_splits must be integers, got {list(recv)!r}.")
+    if len(rs) != p:
+        raise ValueError(f"alltoall recv_splits has {len(rs)} entries, but there are {p} ranks.")
+    if any(r < 0 for r in rs):
+        raise ValueError("alltoall recv_splits must be non-negative.")
+    if rs[me] != splits[me]:
+        raise ValueError(f"alltoall recv_splits[{me}] = {rs[me]} (this rank's own block), but splits[{me}] = "
+                         f"{splits[me]}: a rank receives from itself what it sends to itself.")
+    return tuple(rs)
+
+
 def scale_factor(x, what: str) -> float:
     """``x`` as a float (a scale factor: any real number, NaN and infinities included); ``ValueError``
     naming ``what`` for anything else."""

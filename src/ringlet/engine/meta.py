@@ -49,8 +49,10 @@ _HEAD = struct.Struct("<HBBBhidd")  # ps_id kind dtype op device root prescale p
 class Meta:
     """What every member of an op must agree on before data moves.
 
-    ``ps_id``: the process set (Horovod) or group id; ``splits``: all-to-all rows sent to each member,
-    or a control op's arguments; ``algorithm``: an algorithm the caller forced ("" when chosen for it);
+    ``ps_id``: the process set (Horovod) or group id; ``splits``: all-to-all rows sent to each member
+    (and the residuals of :mod:`ringlet.engine.a2a_counts`), or a control op's arguments; ``root``: a
+    rooted op's root, and for an all-to-all 1 when the caller gave its receive counts; ``algorithm``:
+    an algorithm the caller forced ("" when chosen for it);
     ``device``: -1 for CPU, else the device index; ``compression``: how a compressed all-reduce travels
     (:func:`ringlet.engine.compressed.describe`: compressor, strategy, payload size), "" for none.
     """
@@ -165,6 +167,9 @@ _FIELD_CHECKS = (
      "Mismatched {kind} compression: One rank used {a}, but another rank used {b}."),
     ("root", (Kind.BROADCAST, Kind.REDUCE), str,
      "Mismatched {kind} root ranks: One rank specified root rank {a}, but another rank specified root rank {b}."),
+    ("root", (Kind.ALLTOALL,), lambda v: "given" if v > 0 else "not given",
+     "Mismatched {kind} receive counts: One rank's recv_splits were {a}, but another rank's were {b} "
+     "(give them on every rank or on none)."),
     ("algorithm", None, lambda v: repr(v or "auto"),
      "Mismatched {kind} algorithms: One rank forced {a}, but another rank forced {b} "
      "(check RINGLET_ALGORITHM on every rank)."),

@@ -164,33 +164,81 @@ def reduce_(ch: Channel, flat: torch.Tensor, root: int, red: Reduction) -> None:
 
 
 # ---- all-to-all and barrier ---------------------------------------------------------------------------
-def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]],
-                  out: torch.Tensor | None = None, algorithm: str = AUTO) -> tuple[torch.Tensor, list[int]]:
+def alltoall_rows(ch: Channel, t: torch.Tensor, all_splits: Sequence[Sequence[int]] | None,
+                  out: torch.Tensor | None = None, algorithm: str = AUTO, *, send: Sequence[int] | None = None,
+                  recv: Sequence[int] | None = None) -> tuple[torch.Tensor, list[int]]:
     """Member ``s`` sends ``all_splits[s][d]`` rows of its ``t`` to member ``d``; returns the received
     rows concatenated in rank order (in ``out`` when given: contiguous, of that shape and ``t``'s dtype)
     and how many came from each member. ``algorithm``: a name of :data:`ringlet.algorithms.ALLTOALL`, or
     ``"auto"`` (the channel's selector chooses from the count matrix:
-    :func:`ringlet.tuning.select.alltoall_choice`)."""
-    me = ch.rank
+    :func:`ringlet.tuning.select.alltoall_choice`). Instead of the matrix (``all_splits`` None), ``send``
+    and ``recv``: the rows this member sends to and receives from each, which the caller made sure agree
+    with the other members' (:mod:`ringlet.engine.a2a_counts`); the pairwise exchange then runs
+    (``"auto"`` or ``"pairwise"``; another name raises ``ValueError``), which needs no other counts.
+    Pairwise runs without a compiled schedule (:func:`pairwise_direct`)."""
+    me, p = ch.rank, ch.size
     row = row_numel(t)
-    recv = [all_splits[s][me] for s in range(ch.size)]
+    if all_splits is not None:
+        recv = [all_splits[s][me] for s in range(p)]
+        send = all_splits[me]
+    else:
+        if algorithm not in (AUTO, "pairwise"):
+            raise ValueError(f"alltoall: algorithm {algorithm!r} needs every member's counts; with only the "
+                             "receive counts known, pairwise runs (or 'auto')")
+        algorithm = "pairwise"
+    recv = list(recv)
     if out is None:
         out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
     src, dst = t.reshape(-1), out.view(-1)
-    mine = all_splits[me]
-    s_off, r_off, n_self = sum(mine[:me]) * row, sum(recv[:me]) * row, mine[me] * row
+    s_off, r_off, n_self = sum(send[:me]) * row, sum(recv[:me]) * row, send[me] * row
     dst[r_off:r_off + n_self].copy_(src[s_off:s_off + n_self])
-    if ch.size > 1:
-        counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
-        host_of = tuple(ch.group.host_of)
+    if p > 1:
         name = algorithm
         if name not in ALLTOALL:
-            name = _selector(ch).alltoall(algorithm, counts, t.element_size(), host_of)
-        schedule = ALLTOALL[name](ch.size, counts, host_of)
-        need = alltoall_alg.scratch_elems(schedule, me)
-        work = scratch(ch.workspace, need, dst, key="engine.alltoall") if need else dst[:0]
-        _run_alltoall(ch, schedule, (dst, src, work))
+            counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
+            name = _selector(ch).alltoall(algorithm, counts, t.element_size(), tuple(ch.group.host_of))
+        if name == "pairwise":
+            pairwise_direct(ch, src, dst, [c * row for c in send], [c * row for c in recv])
+        else:
+            counts = tuple(tuple(c * row for c in sp) for sp in all_splits)
+            schedule = ALLTOALL[name](p, counts, tuple(ch.group.host_of))
+            need = alltoall_alg.scratch_elems(schedule, me)
+            work = scratch(ch.workspace, need, dst, key="engine.alltoall") if need else dst[:0]
+            _run_alltoall(ch, schedule, (dst, src, work))
     return out, recv
+
+
+def pairwise_direct(ch: Channel, src: torch.Tensor, dst: torch.Tensor, send: Sequence[int],
+                    recv: Sequence[int]) -> None:
+    """The pairwise schedule's messages (:func:`ringlet.algorithms.alltoall.pairwise`), posted straight
+    from ``src`` (blocks of ``send[d]`` elements in member order) into ``dst`` (blocks of ``recv[s]``)
+    without building or compiling a schedule: it has no dependencies, so every message is in flight at
+    once. Step ``k-1`` (tag ``tag + k - 1``) sends to member ``me + k`` and receives from ``me - k``; each
+    message is cut into segments as the executor cuts it (``segment_bytes``, at most the transport's
+    ``max_segment_bytes``); empty blocks send nothing. Every member must use it for the same op (the
+    segments differ from a compiled pairwise plan's order of posting, not in what travels)."""
+    p, me = ch.size, ch.rank
+    tr, peers, tag, timeout = ch.transport, ch.peers, ch.tag, ch.timeout
+    seg_bytes, cap = ch.segment_bytes, tr.capabilities.max_segment_bytes
+    seg = max(1, (min(seg_bytes, cap) if cap else seg_bytes) // max(1, src.element_size()))
+    s_off = [0] * p
+    r_off = [0] * p
+    for r in range(1, p):
+        s_off[r] = s_off[r - 1] + send[r - 1]
+        r_off[r] = r_off[r - 1] + recv[r - 1]
+    handles = []
+    irecv, isend = tr.irecv, tr.isend
+    for k in range(1, p):
+        frm = (me - k) % p
+        lo, hi = r_off[frm], r_off[frm] + recv[frm]
+        for a in range(lo, hi, seg):
+            handles.append(irecv(dst[a:min(a + seg, hi)], peers[frm], tag + k - 1))
+    for k in range(1, p):
+        to = (me + k) % p
+        lo, hi = s_off[to], s_off[to] + send[to]
+        for a in range(lo, hi, seg):
+            handles.append(isend(src[a:min(a + seg, hi)], peers[to], tag + k - 1))
+    tr.wait_all(handles, timeout)
 
 
 def _run_alltoall(ch: Channel, schedule, bufs: tuple[torch.Tensor, ...]) -> None:

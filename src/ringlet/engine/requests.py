@@ -21,7 +21,7 @@ import torch
 from ..algorithms import AUTO
 from ..group import Group
 from ..types import Reduction
-from . import agree, ops
+from . import a2a_counts, agree, ops
 from .allreduce import Compressed, allreduce_
 from .channel import Channel
 from .compressed import describe
@@ -158,20 +158,28 @@ class ReduceScatterRequest:
 @dataclass(slots=True)
 class AlltoallRequest:
     """An all-to-all of ``tensor``'s rows, ``splits[d]`` of them to member ``d``, by ``algorithm`` (a
-    name of :func:`ringlet.tuning.select.alltoall`): ``(output, received splits)``. The members' splits
-    are always exchanged (compared, with a forced algorithm, when ``check``)."""
+    name of :func:`ringlet.tuning.select.alltoall`): ``(output, received splits)``. ``recv_splits``: the
+    rows this member receives from each (None: unknown). With them, ``"auto"`` and ``"pairwise"`` run the
+    pairwise exchange without exchanging counts (checked, when ``check``, in the one round every checked
+    op makes: :func:`ringlet.engine.a2a_counts.check_known`); a schedule that needs the whole count matrix
+    exchanges it (:func:`ringlet.engine.a2a_counts.exchange`, which checks the receive counts too)."""
 
     group: Group
     tensor: torch.Tensor
     splits: tuple[int, ...]
     check: bool
     algorithm: str = AUTO
+    recv_splits: tuple[int, ...] | None = None
 
     def run(self, ch: Channel) -> tuple[torch.Tensor, list[int]]:
-        algo = self.algorithm
-        meta = Meta.of("", Kind.ALLTOALL, self.tensor, splits=self.splits, algorithm="" if algo == AUTO else algo)
-        metas = agree.records(ch, meta, check=self.check)
-        return ops.alltoall_rows(ch, self.tensor, [m.splits for m in metas], algorithm=algo)
+        algo, t, send, recv = self.algorithm, self.tensor, self.splits, self.recv_splits
+        forced = "" if algo == AUTO else algo
+        if recv is not None and algo in (AUTO, "pairwise"):
+            if self.check:
+                a2a_counts.check_known(ch, t, forced, send, recv)
+            return ops.alltoall_rows(ch, t, None, algorithm=algo, send=send, recv=recv)
+        matrix = a2a_counts.exchange(ch, t, forced, send, recv, self.check)
+        return ops.alltoall_rows(ch, t, matrix, algorithm=algo)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,10 @@ Wire contract (every member of the expert-parallel group of ``P`` ranks, ``L`` l
 2. :func:`all_to_all`: the rows themselves, sorted by destination expert (hence by destination rank),
    ``send_splits[d]`` rows to rank ``d`` — exactly the kept rows, no padding to capacity. Its backward is
    the all-to-all of the output gradient with the splits swapped.
+
+Both pass the core's ``recv_splits`` (step 1: ``L`` from everyone; step 2: what step 1 said), so the
+core exchanges no counts of its own: one count exchange per dispatch, step 1. Under ``RINGLET_CHECK``
+the core still checks every call's counts against the senders' in its one metadata round.
 """
 from __future__ import annotations
 
@@ -23,11 +27,7 @@ __all__ = ["all_to_all", "exchange_counts", "run_by_expert"]
 
 
 def _exchange(x: torch.Tensor, send: Sequence[int], expect: Sequence[int], group: Group) -> torch.Tensor:
-    out, got = _core.alltoall(x.contiguous(), list(send), group)
-    if list(got) != list(expect):
-        raise RuntimeError(f"MoE all-to-all: received splits {list(got)}, expected {list(expect)} from the "
-                           "exchanged counts; the ranks of the expert-parallel group disagree on the routing.")
-    return out
+    return _core.alltoall(x.contiguous(), list(send), group, recv_splits=list(expect))[0]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -43,8 +43,9 @@ class _AllToAll(torch.autograd.Function):
 
 def all_to_all(x: torch.Tensor, send: Sequence[int], recv: Sequence[int], group: Group) -> torch.Tensor:
     """Send ``send[d]`` rows of ``x`` to member ``d`` of ``group``; return the rows received, in member
-    order (``recv[s]`` from member ``s``, which the caller knows from :func:`exchange_counts`; a mismatch
-    raises ``RuntimeError``). Differentiable: the gradient travels back with the splits swapped."""
+    order (``recv[s]`` from member ``s``, which the caller knows from :func:`exchange_counts`; counts
+    that disagree with the senders' raise :class:`ringlet.types.MismatchError` on every member under
+    ``RINGLET_CHECK``). Differentiable: the gradient travels back with the splits swapped."""
     return _AllToAll.apply(x, tuple(send), tuple(recv), group)
 
 
@@ -52,7 +53,7 @@ def exchange_counts(counts: torch.Tensor, ranks: int, group: Group) -> torch.Ten
     """``counts``: ``[ranks * L]`` int64 rows this rank sends to each global expert (member-major).
     Returns the ``[ranks, L]`` rows this rank receives for each of its ``L`` experts from each member."""
     local = counts.numel() // ranks
-    out, _ = _core.alltoall(counts.to(torch.int64).contiguous(), [local] * ranks, group)
+    out, _ = _core.alltoall(counts.to(torch.int64).contiguous(), [local] * ranks, group, recv_splits=[local] * ranks)
     return out.view(ranks, local)
 
 
