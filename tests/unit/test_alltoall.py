@@ -222,13 +222,10 @@ def test_forced_algorithms_that_differ_are_a_mismatch():
 # ---- choosing ----------------------------------------------------------------------------------------
 def test_size_rule():
     one, two = (0,) * 8, (0, 0, 0, 0, 1, 1, 1, 1)
-    assert alltoall_rule(8, 100, one) == "bruck" == alltoall_rule(8, 100, two)
-    assert alltoall_rule(4, 100, (0, 0, 0, 0)) == "pairwise"  # too few ranks for Bruck's rounds to pay
-    assert alltoall_rule(8, 1 << 20, one) == "pairwise"
-    assert alltoall_rule(8, 1 << 20, two) == "hierarchical"
-    assert alltoall_rule(4, 1 << 20, (0, 1, 2, 3)) == "pairwise"  # one rank per host: nothing to gather
+    # Without a cost model pairwise, whatever the size and layout (what the emulated cluster measured).
+    assert {alltoall_rule(8, b, hosts) for b in (100, 1 << 20) for hosts in (one, two)} == {"pairwise"}
     small = ((16,) * 8,) * 8
-    assert select.Selector().alltoall("auto", small, 4, one) == "bruck"
+    assert select.Selector().alltoall("auto", small, 4, one) == "pairwise"
     assert select.Selector().alltoall("hierarchical", small, 4, one) == "hierarchical"
     assert select.alltoall(None) == "auto"
 

@@ -1,5 +1,5 @@
 """Which all-to-all schedule runs (:data:`ringlet.algorithms.ALLTOALL`): the request's name, or for
-``"auto"`` the size rule or the cost model's least predicted time. Re-exported by
+``"auto"`` pairwise (without a cost model) or the cost model's least predicted time. Re-exported by
 :mod:`ringlet.tuning.select`, the one place where algorithms are chosen.
 
 Every member knows the whole count matrix (the splits are exchanged before data moves) and the same
@@ -15,16 +15,9 @@ import numpy as np
 
 from ..algorithms import ALLTOALL, AUTO
 
-__all__ = ["ALLTOALL_ALGORITHMS", "BRUCK_BELOW", "BRUCK_FROM_RANKS", "alltoall", "alltoall_rule",
-           "alltoall_choice", "mean_peer_bytes"]
+__all__ = ["ALLTOALL_ALGORITHMS", "alltoall", "alltoall_rule", "alltoall_choice", "mean_peer_bytes"]
 
 ALLTOALL_ALGORITHMS = ("pairwise", "hierarchical", "bruck")  # also the order of preference on a tie
-#: Below this mean size per peer (bytes), on at least BRUCK_FROM_RANKS ranks, the size rule takes Bruck:
-#: its ceil(log2 p) dependent rounds then cost less than p-1 messages per rank. Pairwise keeps all its
-#: messages in flight at once (no step waits for another's data), so on few ranks Bruck's dependent
-#: rounds gain nothing (4 ranks over Gloo point-to-point: benchmarks/alltoall).
-BRUCK_BELOW = 1 << 10
-BRUCK_FROM_RANKS = 8
 
 
 def alltoall(name: str | None) -> str:
@@ -49,13 +42,11 @@ def mean_peer_bytes(send_counts, itemsize: int) -> float:
 
 
 def alltoall_rule(p: int, peer_bytes: float, host_of: tuple[int, ...]) -> str:
-    """The size rule: Bruck for small messages per peer (below :data:`BRUCK_BELOW`, on at least
-    :data:`BRUCK_FROM_RANKS` ranks), the two-level schedule when the group spans several hosts with more
-    than one rank on some host, pairwise otherwise."""
-    if p >= BRUCK_FROM_RANKS and peer_bytes < BRUCK_BELOW:
-        return "bruck"
-    if 1 < len(set(host_of)) < p:
-        return "hierarchical"
+    """The choice without a cost model: pairwise, whatever the size and layout. Measured on the emulated
+    cluster (benchmarks/alltoall: 4 hosts x 1 and x 2 ranks, 1 Gbit/s, 1 KiB-16 MiB per rank), neither Bruck
+    on small blocks nor the two-level schedule on several ranks per host beat it: pairwise keeps all its
+    messages in flight at once, so Bruck's dependent rounds and the two-level gather only add steps there.
+    They remain for a calibrated cost model to pick, or to be named."""
     return "pairwise"
 
 
