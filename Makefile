@@ -27,7 +27,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/pytest -q $(XDIST) tests/unit tests/multiproc $(PYTEST_ARGS)
 
-# The long fuzz runs (marked slow; `make test` leaves them out).
+# The long runs: fuzz campaigns and large worlds (marked slow; `make test` leaves them out).
 test-slow: setup
 	$(VENV)/bin/pytest -q $(XDIST) -m slow tests/unit tests/multiproc $(PYTEST_ARGS); s=$$?; \
 	[ $$s -eq 0 ] || [ $$s -eq 5 ]
