@@ -35,20 +35,7 @@ def alltoall_splits(splits, t: torch.Tensor, p: int) -> list[int]:
             raise ValueError(f"alltoall without splits needs dim 0 ({t.shape[0]}) divisible by the number of "
                              f"ranks ({p}).")
         return [t.shape[0] // p] * p
-    if isinstance(splits, torch.Tensor):
-        if splits.dim() != 1 or splits.is_floating_point():
-            raise ValueError("alltoall splits must be a 1-D integer tensor or a list of ints.")
-        splits = splits.tolist()
-    try:
-        sp = [int(s) for s in splits]
-    except (TypeError, ValueError):
-        raise ValueError(f"alltoall splits must be integers, got {splits!r}.") from None
-    if any(isinstance(s, bool) or s != i for s, i in zip(splits, sp)):
-        raise ValueError(f"alltoall splits must be integers, got {list(splits)!r}.")
-    if len(sp) != p:
-        raise ValueError(f"alltoall splits has {len(sp)} entries, but there are {p} ranks.")
-    if any(s < 0 for s in sp):
-        raise ValueError("alltoall splits must be non-negative.")
+    sp = _counts(splits, p, "splits")
     if sum(sp) != t.shape[0]:
         raise ValueError(f"alltoall splits sum to {sum(sp)}, but dim 0 of the tensor is {t.shape[0]}.")
     return sp
@@ -60,24 +47,31 @@ def alltoall_recv_splits(recv, splits: Sequence[int], p: int, me: int) -> tuple[
     ``recv[me]`` must equal ``splits[me]``."""
     if recv is None:
         return None
-    if isinstance(recv, torch.Tensor):
-        if recv.dim() != 1 or recv.is_floating_point():
-            raise ValueError("alltoall recv_splits must be a 1-D integer tensor or a list of ints.")
-        recv = recv.tolist()
-    try:
-        rs = [int(r) for r in recv]
-    except (TypeError, ValueError):
-        raise ValueError(f"alltoall recv_splits must be integers, got {recv!r}.") from None
-    if any(isinstance(r, bool) or r != i for r, i in zip(recv, rs)):
-        raise ValueError(f"alltoall recv_splits must be integers, got {list(recv)!r}.")
-    if len(rs) != p:
-        raise ValueError(f"alltoall recv_splits has {len(rs)} entries, but there are {p} ranks.")
-    if any(r < 0 for r in rs):
-        raise ValueError("alltoall recv_splits must be non-negative.")
+    rs = _counts(recv, p, "recv_splits")
     if rs[me] != splits[me]:
         raise ValueError(f"alltoall recv_splits[{me}] = {rs[me]} (this rank's own block), but splits[{me}] = "
                          f"{splits[me]}: a rank receives from itself what it sends to itself.")
     return tuple(rs)
+
+
+def _counts(counts, p: int, what: str) -> list[int]:
+    """``counts`` (a list of ints or a 1-D integer tensor) as ``p`` non-negative ints; ``ValueError``
+    naming ``what`` otherwise."""
+    if isinstance(counts, torch.Tensor):
+        if counts.dim() != 1 or counts.is_floating_point():
+            raise ValueError(f"alltoall {what} must be a 1-D integer tensor or a list of ints.")
+        counts = counts.tolist()
+    try:
+        out = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise ValueError(f"alltoall {what} must be integers, got {counts!r}.") from None
+    if any(isinstance(c, bool) or c != i for c, i in zip(counts, out)):
+        raise ValueError(f"alltoall {what} must be integers, got {list(counts)!r}.")
+    if len(out) != p:
+        raise ValueError(f"alltoall {what} has {len(out)} entries, but there are {p} ranks.")
+    if any(c < 0 for c in out):
+        raise ValueError(f"alltoall {what} must be non-negative.")
+    return out
 
 
 def scale_factor(x, what: str) -> float:
