@@ -8,6 +8,8 @@ CPU quotas). Needs root.
     ringlet cluster exec h1 -- python -c 'import socket; print(socket.gethostname())'
     ringlet cluster status
     ringlet cluster link 10gbit                    # re-shape every host's link while jobs run
+    ringlet cluster link 100mbit --host h3         # ... or one host's
+    ringlet cluster cpus 0.2 --host h3             # one host's CPU quota (a compute straggler)
     ringlet cluster linktest h0:h1                 # a few seconds of TCP through a capped link
     ringlet cluster down                           # removes everything named rgl-*, also after a crash
 
@@ -140,6 +142,19 @@ def link_cli(rate, hosts):
     except (ClusterError, ValueError) as exc:
         raise _fail(exc) from None
     _echo(f"link rate now {rate} on " + (", ".join(hosts) if hosts else f"all {len(state.hosts)} hosts"))
+
+
+@cluster_cli.command("cpus")
+@click.argument("cpus", type=float)
+@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable); default: every host.")
+def cpus_cli(cpus, hosts):
+    """Change the CPU quota (in CPUs, e.g. 0.2) of a running cluster's hosts; jobs keep running."""
+    try:
+        manager.check_privileges()
+        state = manager.set_cpus(st.require(), cpus, list(hosts) or None)
+    except ClusterError as exc:
+        raise _fail(exc) from None
+    _echo(f"CPU quota now {cpus:g} on " + (", ".join(hosts) if hosts else f"all {len(state.hosts)} hosts"))
 
 
 @cluster_cli.command("status")

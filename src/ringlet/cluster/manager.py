@@ -236,6 +236,28 @@ def set_link(state: ClusterState, rate: str, hosts: list[str] | None = None) -> 
     return state
 
 
+def set_cpus(state: ClusterState, cpus: float, hosts: list[str] | None = None, *,
+             save: Callable[[ClusterState], None] = st.save) -> ClusterState:
+    """Change the CPU quota of ``hosts`` (all when None) while the cluster runs (a straggler host: one
+    host at 0.2 CPU while the others keep 0.5), and record it when every host changed. ``ClusterError``
+    for a cluster without quotas, a quota below the kernel's minimum or an unknown host."""
+    if state.cgroup_version is None or state.cgroup_dir is None:
+        raise ClusterError("This cluster has no CPU quotas (it was brought up with --cpus-per-host 0).")
+    if not cpus > 0:
+        raise ClusterError(f"A CPU quota must be positive, not {cpus!r}.")
+    ctl = cgroup.CpuController(state.cgroup_version, state.cgroup_dir)
+    chosen = state.hosts if not hosts else tuple(state.host(h) for h in hosts)
+    try:
+        for h in chosen:
+            ctl.create(h.name, cpus)
+    except (cgroup.CgroupError, OSError) as exc:
+        raise ClusterError(f"Cannot set the CPU quota: {exc}") from None
+    if len(chosen) == len(state.hosts):
+        state = dataclasses.replace(state, cpus=cpus)
+        save(state)
+    return state
+
+
 def status(state: ClusterState) -> list[HostStatus]:
     """What the kernel says about each host now (rates and quotas read back, processes counted)."""
     ctl = cgroup.CpuController(state.cgroup_version, state.cgroup_dir) if state.cgroup_dir else None
