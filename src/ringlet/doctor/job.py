@@ -169,11 +169,10 @@ def _run_participant(me: int, ranks: list[int], opts) -> dict:
 def _assemble(parts: list[dict]) -> dict:
     hosts = [p["host"] for p in parts]
     pairs = sorted((q for p in parts for q in p["pairs"]), key=lambda q: (q["a"], q["b"]))
-    for q in pairs:
+    for q in pairs:  # clock offsets are reported against rank 0's host only
+        offset, err = q.pop("clock_offset_s"), q.pop("clock_err_s")
         if q["a"] == 0:
-            hosts[q["b"]]["clock_offset_s"], hosts[q["b"]]["clock_err_s"] = q.pop("clock_offset_s"), q.pop("clock_err_s")
-        else:
-            q.pop("clock_offset_s"), q.pop("clock_err_s")
+            hosts[q["b"]]["clock_offset_s"], hosts[q["b"]]["clock_err_s"] = offset, err
     names = [h["name"] for h in hosts]
     for h in hosts:
         if names.count(h["name"]) > 1:
