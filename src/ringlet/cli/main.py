@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "ringlet.cli.simulate:simulate_cli",
     "report": "ringlet.cli.report:report_cli",
     "tune": "ringlet.cli.tune:tune_cli",
+    "diagnose": "ringlet.cli.diagnose:diagnose_cli",
 }
 
 

@@ -1,0 +1,189 @@
+"""The flight recorder: each rank's ring buffer of its last collectives, written as JSON when it matters.
+
+The runtime owns one :class:`FlightRecorder`. Every request queued through
+:meth:`ringlet.runtime.Runtime.submit_op` adds one :class:`Record` (no tensor is referenced: shape,
+dtype and size are copied), stamped when queued, started (with its group's sequence number) and
+finished or failed. The buffer keeps the last ``RINGLET_FLIGHT_RECORDER`` records (default 2000;
+0 turns the recorder off).
+
+The record is written (atomically: a temporary file, then ``os.replace``) by :func:`dump` to a path
+given, or to ``$RINGLET_FLIGHT_DIR/rank-<R>.json`` (default: ``<tmp>/ringlet-flight-<job id>``, the job
+id from ``TORCHELASTIC_RUN_ID``, else ``local``). The runtime dumps it by itself once per failure when a
+collective fails with ``PeerError``, ``CollectiveTimeout`` or ``MismatchError``, at shutdown and at
+exit; :func:`install_signal_handler` adds ``SIGUSR1`` (only from the main thread, and only when no
+other handler is installed for it). ``ringlet diagnose DIR`` reads the files.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+DEFAULT_SIZE = 2000
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_KINDS = {"AllreduceRequest": "allreduce", "AllgatherRequest": "allgather", "ReduceScatterRequest": "reduce_scatter",
+          "AlltoallRequest": "alltoall", "BarrierRequest": "barrier"}
+
+
+def configured_size() -> int:
+    """``RINGLET_FLIGHT_RECORDER`` as a record count (default 2000, 0 = off); a bad value is an error."""
+    raw = os.environ.get("RINGLET_FLIGHT_RECORDER", "")
+    if raw == "":
+        return DEFAULT_SIZE
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"RINGLET_FLIGHT_RECORDER={raw!r}: expected a record count (0 turns it off)") from None
+    if n < 0:
+        raise ValueError(f"RINGLET_FLIGHT_RECORDER={raw!r}: expected a count >= 0")
+    return n
+
+
+def default_dir() -> str:
+    """``$RINGLET_FLIGHT_DIR``, else a folder under the system temp dir named by the job id."""
+    d = os.environ.get("RINGLET_FLIGHT_DIR")
+    if d:
+        return d
+    job = os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+    return os.path.join(tempfile.gettempdir(), f"ringlet-flight-{job}")
+
+
+def call_site(depth: int = 2, limit: int = 16) -> str:
+    """``file:line`` of the first frame outside the ringlet package, ``depth`` frames above the caller."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return ""
+    for _ in range(limit):
+        if f is None:
+            return ""
+        code = f.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            return f"{code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+class Record:
+    """One collective as this rank saw it. Times: wall clock (``time.time``, for comparing ranks)
+    and ``time.monotonic``; ``seq`` is None until it starts."""
+
+    __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "bytes", "site",
+                 "state", "error", "error_type", "peer", "t_enqueue", "t_start", "t_end", "m_enqueue",
+                 "m_start", "m_end")
+
+    def __init__(self, op: Any, site: str) -> None:
+        g = op.group
+        self.group, self.ranks, self.seq, self.site = g.id, g.ranks, None, site
+        cls = type(op).__name__
+        kind = _KINDS.get(cls)
+        if kind is None:
+            kind = op.kind.name.lower() if cls == "RootedRequest" else cls
+        self.kind = kind
+        t = getattr(op, "buf", None)
+        if t is None:
+            t = getattr(op, "tensor", None)
+        if t is None:
+            self.shape, self.dtype, self.bytes = (), "", 0
+        else:
+            self.shape, self.dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
+            self.bytes = t.numel() * t.element_size()
+        spec = getattr(op, "compressed", None)
+        self.name = getattr(spec, "name", "") or ""
+        self.algorithm = getattr(op, "algorithm", "") or ""
+        self.state, self.error, self.error_type, self.peer = "queued", "", "", None
+        self.t_enqueue, self.m_enqueue = time.time(), time.monotonic()
+        self.t_start = self.t_end = self.m_start = self.m_end = None
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["ranks"], d["shape"] = list(self.ranks), list(self.shape)
+        return d
+
+
+class FlightRecorder:
+    """The ring buffer of one rank. ``size`` 0: off (``enqueue`` returns None and nothing is kept)."""
+
+    def __init__(self, rank: int, world_size: int, size: int | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.size = configured_size() if size is None else size
+        self.records: collections.deque = collections.deque(maxlen=max(self.size, 1))
+        self.hostname = socket.gethostname()
+        self.failure: str | None = None  # the first failed collective's error (dumped once, kept in later dumps)
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 0
+
+    def enqueue(self, op: Any) -> Record | None:
+        """Record ``op`` as queued, with the user's call site; None when off."""
+        if self.size <= 0:
+            return None
+        rec = Record(op, call_site(3))
+        self.records.append(rec)
+        return rec
+
+    def snapshot(self, reason: str) -> dict:
+        """This rank's dump as a JSON-ready dict."""
+        with self._lock:
+            recs = [r.to_json() for r in list(self.records)]
+        return {"version": 1, "rank": self.rank, "world_size": self.world_size, "hostname": self.hostname,
+                "pid": os.getpid(), "time": time.time(), "reason": reason, "failure": self.failure,
+                "capacity": self.size, "records": recs}
+
+    def dump(self, path: str | None = None, reason: str = "requested") -> str:
+        """Write the snapshot to ``path`` (default ``default_dir()/rank-<R>.json``) atomically; return the path."""
+        if path is None:
+            path = os.path.join(default_dir(), f"rank-{self.rank}.json")
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=d)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.snapshot(reason), fh)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def started(rec: Record, seq: int) -> None:
+    rec.seq, rec.state = seq, "running"
+    rec.t_start, rec.m_start = time.time(), time.monotonic()
+
+
+def finished(rec: Record, error: BaseException | None = None) -> None:
+    rec.t_end, rec.m_end = time.time(), time.monotonic()
+    if error is None:
+        rec.state = "done"
+    else:
+        rec.state, rec.error_type = "failed", type(error).__name__
+        rec.error, rec.peer = str(error)[:500], getattr(error, "rank", None)
+
+
+def install_signal_handler(get_recorder) -> bool:
+    """Dump ``get_recorder()``'s record on SIGUSR1. Installed only from the main thread and only when
+    SIGUSR1 has its default handler (a program's own handler is never replaced); returns whether it was."""
+    sig = getattr(signal, "SIGUSR1", None)
+    if sig is None or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+        return False
+
+    def handler(signum, frame):
+        rec = get_recorder()
+        if rec is not None and rec.enabled:
+            rec.dump(reason="SIGUSR1")
+
+    signal.signal(sig, handler)
+    return True
