@@ -58,6 +58,12 @@ def noun(kind: str, plural: bool = False) -> str:
     return n + "s" if plural else n
 
 
+def a(kind: str) -> str:
+    """``an all-reduce``, ``a broadcast``."""
+    n = noun(kind)
+    return ("an " if n[0] in "aeiou" else "a ") + n
+
+
 def ranks_text(ranks) -> str:
     ranks = sorted(ranks)
     if len(ranks) == 1:
@@ -132,16 +138,15 @@ def _differ(recs: dict[int, dict], kind: str, key, gid: int, seq: int, dumps) ->
         return None
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     (_, most), (_, odd) = ordered[0], ordered[1]
-    a, b = recs[odd[0]], recs[most[0]]
+    x, y = recs[odd[0]], recs[most[0]]
     where = f"{group_text(gid, _members(dumps, gid))} seq {seq}"
     verb = "is" if len(odd) == 1 else "are"
     if kind == "kind":
-        s = (f"{ranks_text(odd)} {verb} in a {noun(a['kind'])} ({describe(a)}) where {ranks_text(most)} "
-             f"{'is' if len(most) == 1 else 'are'} in a{'n' if noun(b['kind'])[0] in 'aeiou' else ''} "
-             f"{noun(b['kind'])} ({describe(b)}), {where}")
+        s = (f"{ranks_text(odd)} {verb} in {a(x['kind'])} ({describe(x)}) where {ranks_text(most)} "
+             f"{'is' if len(most) == 1 else 'are'} in {a(y['kind'])} ({describe(y)}), {where}")
     else:
-        s = (f"{ranks_text(odd)} called a {noun(a['kind'])} with {describe(a)} where {ranks_text(most)} "
-             f"used {describe(b)}, {where}")
+        s = (f"{ranks_text(odd)} called {a(x['kind'])} with {describe(x)} where {ranks_text(most)} "
+             f"used {describe(y)}, {where}")
     return Verdict(kind, s)
 
 
@@ -173,7 +178,7 @@ def find_missing(dumps: dict[int, dict]) -> Verdict | None:
         r0 = min(stuck)
         rec = stuck[r0]
         state = "failed" if rec["state"] == "failed" else "wait"
-        s += (f"; {ranks_text(stuck)} {state} in a {noun(rec['kind'])} on "
+        s += (f"; {ranks_text(stuck)} {state} in {a(rec['kind'])} on "
               f"{group_text(rec['group'], rec['ranks'])} seq {rec['seq']} ({describe(rec)})")
         if rec.get("error_type"):
             s += f" with {rec['error_type']}: {rec['error']}"
@@ -202,7 +207,7 @@ def _fewer_sentence(gid, rec, per_rank, ahead, behind, wrapped) -> str:
     if wrapped:
         head = (f"{ranks_text(behind)} stopped at seq {max(per_rank[behind[0]])} on {where} where "
                 f"{ranks_text(ahead)} reached seq {rec['seq']}")
-        return f"{head}; {ranks_text(ahead)} {state} seq {rec['seq']}, a {noun(rec['kind'])} ({describe(rec)})"
+        return f"{head}; {ranks_text(ahead)} {state} seq {rec['seq']}, {a(rec['kind'])} ({describe(rec)})"
 
     def count(r):
         return sum(1 for x in per_rank[r].values() if x["kind"] == rec["kind"] and x["seq"] <= rec["seq"])
@@ -220,7 +225,7 @@ def find_failed(dumps: dict[int, dict]) -> Verdict | None:
     r0 = min(failed)
     rec = failed[r0]
     peer = _failure_peer(rec) if rec.get("error_type") == "PeerError" else None
-    where = f"a {noun(rec['kind'])} on {group_text(rec['group'], rec['ranks'])} seq {rec['seq']} ({describe(rec)})"
+    where = f"{a(rec['kind'])} on {group_text(rec['group'], rec['ranks'])} seq {rec['seq']} ({describe(rec)})"
     if peer is not None:
         return Verdict("peer", f"{ranks_text(failed)} failed in {where} with PeerError naming rank {peer}: "
                                f"{rec['error']}")
@@ -236,7 +241,7 @@ def consistent(dumps: dict[int, dict]) -> Verdict:
     if stuck:
         rec = stuck[min(stuck)]
         return Verdict("consistent", f"no mismatch found: every rank is at the same seq on every group; "
-                                     f"{ranks_text(stuck)} wait in a {noun(rec['kind'])} on "
+                                     f"{ranks_text(stuck)} wait in {a(rec['kind'])} on "
                                      f"{group_text(rec['group'], rec['ranks'])} seq {rec['seq']} ({describe(rec)})")
     values = set(tops.values())
     if len(values) == 1:
