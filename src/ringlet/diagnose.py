@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 
 _NOUN = {"allreduce": "all-reduce", "allgather": "all-gather", "reduce_scatter": "reduce-scatter",
@@ -252,7 +253,7 @@ def consistent(dumps: dict[int, dict]) -> Verdict:
 
 def table(dumps: dict[int, dict]) -> list[str]:
     """One line per rank and group: last completed seq, the op it is in and since when, the call site."""
-    head = f"{'rank':>4}  {'host':<12} {'group':>5} {'done':>5}  {'in':<28} {'since':>9}  {'call site':<24} dump"
+    head = f"{'rank':>4}  {'host':<12} {'group':>5} {'done':>5}  {'in':<28} {'since (UTC)':>18}  {'call site':<24} dump"
     lines = [head]
     for r, d in sorted(dumps.items()):
         groups: dict[int, list[dict]] = {}
@@ -264,11 +265,18 @@ def table(dumps: dict[int, dict]) -> list[str]:
             last = recs[-1] if recs else None
             busy = last is not None and last["state"] != "done"
             what = f"{noun(last['kind'])} seq {last['seq']} {last['state']}" if busy else "-"
-            since = f"{d['time'] - (last['t_start'] or last['t_enqueue']):.1f}s" if busy else "-"
+            since = _since(last, d["time"]) if busy else "-"
             site = short_site(last["site"]) if last else "-"
             lines.append(f"{r:>4}  {d.get('hostname', '')[:12]:<12} {'-' if gid is None else gid:>5} "
-                         f"{'-' if done is None else done:>5}  {what:<28} {since:>9}  {site:<24} {reason[:60]}")
+                         f"{'-' if done is None else done:>5}  {what:<28} {since:>18}  {site:<24} {reason[:60]}")
     return lines
+
+
+def _since(rec: dict, dump_time: float) -> str:
+    """``12:03:04.5 +4.2s``: when the op started (UTC) and how long it ran until it failed or was dumped."""
+    t0 = rec["t_start"] or rec["t_enqueue"]
+    t1 = rec["t_end"] or dump_time
+    return time.strftime("%H:%M:%S", time.gmtime(t0)) + f".{int((t0 % 1) * 10)} +{t1 - t0:.1f}s"
 
 
 def analyse(dumps: dict[int, dict]) -> Verdict:
