@@ -55,31 +55,45 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"ringlet-flight-{job}")
 
 
-def call_site(depth: int = 2, limit: int = 16) -> str:
-    """``file:line`` of the first frame outside the ringlet package, ``depth`` frames above the caller."""
+_INSIDE: dict = {}  # code object -> whether it belongs to the ringlet package (a few hundred at most)
+
+
+def call_site(depth: int = 2, limit: int = 16) -> tuple[str, int] | None:
+    """``(file, line)`` of the first frame outside the ringlet package, ``depth`` frames above the caller."""
     try:
         f = sys._getframe(depth)
     except ValueError:
-        return ""
+        return None
+    inside = _INSIDE
     for _ in range(limit):
         if f is None:
-            return ""
+            return None
         code = f.f_code
-        if not code.co_filename.startswith(_PACKAGE_DIR):
-            return f"{code.co_filename}:{f.f_lineno}"
+        ins = inside.get(code)
+        if ins is None:
+            ins = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+        if not ins:
+            return code.co_filename, f.f_lineno
         f = f.f_back
-    return ""
+    return None
+
+
+def _site_text(site: tuple[str, int] | None) -> str:
+    return "" if site is None else f"{site[0]}:{site[1]}"
+
+
+_DTYPES: dict = {}  # torch.dtype -> its name
 
 
 class Record:
     """One collective as this rank saw it. Times: wall clock (``time.time``, for comparing ranks)
-    and ``time.monotonic``; ``seq`` is None until it starts."""
+    and ``time.monotonic``; ``seq`` is None until it starts; ``site``: (file, line) of the user's call."""
 
     __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "bytes", "site",
                  "state", "error", "error_type", "peer", "t_enqueue", "t_start", "t_end", "m_enqueue",
                  "m_start", "m_end")
 
-    def __init__(self, op: Any, site: str) -> None:
+    def __init__(self, op: Any, site: tuple[str, int] | None) -> None:
         g = op.group
         self.group, self.ranks, self.seq, self.site = g.id, g.ranks, None, site
         cls = type(op).__name__
@@ -93,7 +107,11 @@ class Record:
         if t is None:
             self.shape, self.dtype, self.bytes = (), "", 0
         else:
-            self.shape, self.dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
+            dt = t.dtype
+            name = _DTYPES.get(dt)
+            if name is None:
+                name = _DTYPES[dt] = str(dt).replace("torch.", "")
+            self.shape, self.dtype = t.shape, name  # torch.Size: a tuple, no reference to the tensor
             self.bytes = t.numel() * t.element_size()
         spec = getattr(op, "compressed", None)
         self.name = getattr(spec, "name", "") or ""
@@ -104,7 +122,7 @@ class Record:
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__}
-        d["ranks"], d["shape"] = list(self.ranks), list(self.shape)
+        d["ranks"], d["shape"], d["site"] = list(self.ranks), list(self.shape), _site_text(self.site)
         return d
 
 

@@ -98,6 +98,6 @@ def test_cli(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     res = CliRunner().invoke(diagnose_cli, [str(empty)])
-    assert res.exit_code != 0 and "no flight records" in res.output
+    assert res.exit_code == 2 and "no flight records" in res.output
     with pytest.raises(ValueError, match="not a directory"):
         load(str(tmp_path / "nope"))

@@ -21,7 +21,9 @@ def diagnose_cli(directory: str, as_json: bool) -> None:
     try:
         dumps = load(directory)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        err = click.ClickException(str(exc))
+        err.exit_code = 2
+        raise err from None
     v = analyse(dumps)
     if as_json:
         click.echo(json.dumps({"kind": v.kind, "verdict": v.sentence, "table": v.table}))
