@@ -134,12 +134,16 @@ def shutdown() -> None:
         destroy_default_group()
 
 
+SHUTDOWN_TAIL = 64  # records per group a rank leaves at shutdown (a failure or a request writes them all)
+
+
 def _dump_at_exit(rt: Runtime) -> None:
-    """Leave the flight record of a rank that shuts down (its last sequence numbers); never raises."""
+    """Leave the flight record of a rank that shuts down (each group's last records, so that its last
+    sequence numbers are known); never raises."""
     if not rt.recorder.enabled or not rt.recorder.records:
         return
     try:
-        rt.recorder.dump(reason="shutdown")
+        rt.recorder.dump(reason="shutdown", tail=SHUTDOWN_TAIL)
     except OSError as err:
         import logging
 

@@ -197,7 +197,7 @@ def find_fewer(dumps: dict[int, dict]) -> Verdict | None:
         if not behind:
             continue
         rec = per_rank[ahead[0]][high]
-        wrapped = any(len(dumps[r]["records"]) >= dumps[r].get("capacity", 0) for r in top)
+        wrapped = not all(dumps[r].get("complete", True) for r in top)
         return Verdict("fewer", _fewer_sentence(gid, rec, per_rank, ahead, behind, wrapped))
     return None
 

@@ -149,16 +149,28 @@ class FlightRecorder:
         self.records.append(rec)
         return rec
 
-    def snapshot(self, reason: str) -> dict:
-        """This rank's dump as a JSON-ready dict."""
+    def snapshot(self, reason: str, tail: int | None = None) -> dict:
+        """This rank's dump as a JSON-ready dict. ``tail``: keep only each group's last ``tail`` records.
+        ``complete``: the records hold every collective since the runtime started (none dropped)."""
         with self._lock:
-            recs = [r.to_json() for r in list(self.records)]
+            recs = list(self.records)
+        complete = len(recs) < self.records.maxlen
+        if tail is not None:
+            seen: dict[int, int] = {}
+            kept = []
+            for r in reversed(recs):
+                seen[r.group] = seen.get(r.group, 0) + 1
+                if seen[r.group] <= tail:
+                    kept.append(r)
+            complete = complete and len(kept) == len(recs)
+            recs = kept[::-1]
         return {"version": 1, "rank": self.rank, "world_size": self.world_size, "hostname": self.hostname,
                 "pid": os.getpid(), "time": time.time(), "reason": reason, "failure": self.failure,
-                "capacity": self.size, "records": recs}
+                "capacity": self.size, "complete": complete, "records": [r.to_json() for r in recs]}
 
-    def dump(self, path: str | None = None, reason: str = "requested") -> str:
-        """Write the snapshot to ``path`` (default ``default_dir()/rank-<R>.json``) atomically; return the path."""
+    def dump(self, path: str | None = None, reason: str = "requested", tail: int | None = None) -> str:
+        """Write the snapshot (``tail``: see :meth:`snapshot`) to ``path`` (default
+        ``default_dir()/rank-<R>.json``) atomically; return the path."""
         if path is None:
             path = os.path.join(default_dir(), f"rank-{self.rank}.json")
         d = os.path.dirname(os.path.abspath(path))
@@ -166,7 +178,7 @@ class FlightRecorder:
         fd, tmp = tempfile.mkstemp(prefix=".rank-", suffix=".tmp", dir=d)
         try:
             with os.fdopen(fd, "w") as fh:
-                json.dump(self.snapshot(reason), fh)
+                json.dump(self.snapshot(reason, tail), fh)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

@@ -37,6 +37,14 @@ def test_fewer_calls():
     assert len(v.table) == 4 and "PeerError" not in v.table[3]
 
 
+def test_fewer_calls_in_incomplete_records_counts_sequence_numbers():
+    dumps = three([rec(8), rec(9, state="running")], [rec(8), rec(9, state="running")], [rec(8)])
+    dumps[2]["complete"] = False
+    assert analyse(dumps).sentence == ("rank 2 stopped at seq 8 on the world group where ranks 0 and 1 reached "
+                                       "seq 9; ranks 0 and 1 wait in seq 9, an all-reduce (shape [4], float32, "
+                                       "train.py:12)")
+
+
 def test_fewer_calls_while_waiting():
     dumps = three([rec(1), rec(2, state="running")], [rec(1), rec(2, state="running")], [rec(1)])
     assert analyse(dumps).sentence == ("rank 2 made 1 all-reduce on the world group where ranks 0 and 1 made 2; "

@@ -49,7 +49,9 @@ def test_ring_wraps_and_off_switch(monkeypatch):
     def many(rank):
         for _ in range(7):
             ringlet.allreduce(torch.ones(2))
-        return collectives.runtime().recorder.snapshot("x")["records"]
+        snap = collectives.runtime().recorder.snapshot("x")
+        assert snap["complete"] is (not snap["records"])
+        return snap["records"]
 
     recs = run_world(2, many)[0]
     assert len(recs) == 3 and [r["seq"] for r in recs] == [recs[0]["seq"], recs[0]["seq"] + 1, recs[0]["seq"] + 2]
@@ -98,6 +100,24 @@ def test_failure_dumps_once_with_the_error(tmp_path, monkeypatch):
         assert d["reason"].startswith("MismatchError")
         failed = [r for r in d["records"] if r["state"] == "failed"]
         assert len(failed) == 1 and failed[0]["error_type"] == "MismatchError"  # written at the first failure
+
+
+def test_snapshot_tail_keeps_each_groups_last_records():
+    def body(rank):
+        sub = ringlet.new_group([0, 1])
+        for _ in range(5):
+            ringlet.allreduce(torch.ones(2))
+            ringlet.allreduce(torch.ones(2), group=sub)
+        rec = collectives.runtime().recorder
+        return rec.snapshot("x"), rec.snapshot("x", tail=2)
+
+    full, tail = run_world(2, body)[0]
+    assert full["complete"] and not tail["complete"]
+    by_group = {}
+    for r in tail["records"]:
+        by_group.setdefault(r["group"], []).append(r["seq"])
+    for gid, seqs in by_group.items():
+        assert seqs == [r["seq"] for r in full["records"] if r["group"] == gid][-2:]
 
 
 def test_shutdown_dumps(tmp_path, monkeypatch):
