@@ -151,11 +151,16 @@ def _differ(recs: dict[int, dict], kind: str, key, gid: int, seq: int, dumps) ->
     return Verdict(kind, s)
 
 
-def _failure_peer(rec: dict) -> int | None:
+def _failure_peer(rec: dict, own: int) -> int | None:
+    """The peer a failure names: the error's ``rank``, else ``peer rank N`` or another rank in its text."""
     if rec.get("peer") is not None:
         return int(rec["peer"])
-    m = re.search(r"rank (\d+)", rec.get("error", ""))
-    return int(m.group(1)) if m else None
+    text = rec.get("error", "")
+    m = re.search(r"peer rank (\d+)", text)
+    if m:
+        return int(m.group(1))
+    others = [int(n) for n in re.findall(r"rank (\d+)", text) if int(n) != own]
+    return others[0] if others else None
 
 
 def _stuck(dumps: dict[int, dict]) -> dict[int, dict]:
@@ -225,7 +230,7 @@ def find_failed(dumps: dict[int, dict]) -> Verdict | None:
         return None
     r0 = min(failed)
     rec = failed[r0]
-    peer = _failure_peer(rec) if rec.get("error_type") == "PeerError" else None
+    peer = _failure_peer(rec, r0) if rec.get("error_type") == "PeerError" else None
     where = f"{a(rec['kind'])} on {group_text(rec['group'], rec['ranks'])} seq {rec['seq']} ({describe(rec)})"
     if peer is not None:
         return Verdict("peer", f"{ranks_text(failed)} failed in {where} with PeerError naming rank {peer}: "

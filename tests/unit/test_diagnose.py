@@ -90,6 +90,16 @@ def test_peer_named_in_a_failure():
     assert v.kind == "peer" and "with PeerError naming rank 2" in v.sentence
 
 
+def test_peer_named_in_the_error_text_only():
+    fail = dict(state="failed", error="rank 0: peer rank 2 closed its transport", error_type="PeerError")
+    dumps = three([rec(1), rec(2, **fail)], [rec(1)], [rec(1), rec(2)])
+    dumps[1]["records"][-1] = rec(2, **dict(fail, error="rank 1: peer rank 2 closed its transport"))
+    v = analyse(dumps)
+    assert v.kind == "peer" and v.sentence.startswith("ranks 0 and 1 failed in an all-reduce on the world group "
+                                                      "seq 2 (shape [4], float32, train.py:12) with PeerError "
+                                                      "naming rank 2")
+
+
 def test_consistent():
     dumps = three([rec(1), rec(2)], [rec(1), rec(2)], [rec(1), rec(2)])
     v = analyse(dumps)
