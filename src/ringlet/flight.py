@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import signal
 import socket
@@ -82,48 +83,47 @@ def _site_text(site: tuple[str, int] | None) -> str:
     return "" if site is None else f"{site[0]}:{site[1]}"
 
 
-_DTYPES: dict = {}  # torch.dtype -> its name
-
-
 class Record:
-    """One collective as this rank saw it. Times: wall clock (``time.time``, for comparing ranks)
-    and ``time.monotonic``; ``seq`` is None until it starts; ``site``: (file, line) of the user's call."""
+    """One collective as this rank saw it, kept cheap: the monotonic times (``time.monotonic``; the dump
+    adds the wall clock's offset), ``dtype`` as the torch dtype, the shape as its ``torch.Size`` (no
+    reference to the tensor); ``seq`` is None until it starts; ``site``: (file, line) of the user's call."""
 
-    __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "bytes", "site",
-                 "state", "error", "error_type", "peer", "t_enqueue", "t_start", "t_end", "m_enqueue",
-                 "m_start", "m_end")
+    __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "site", "state",
+                 "error", "error_type", "peer", "m_enqueue", "m_start", "m_end")
 
     def __init__(self, op: Any, site: tuple[str, int] | None) -> None:
         g = op.group
         self.group, self.ranks, self.seq, self.site = g.id, g.ranks, None, site
-        cls = type(op).__name__
-        kind = _KINDS.get(cls)
-        if kind is None:
-            kind = op.kind.name.lower() if cls == "RootedRequest" else cls
-        self.kind = kind
+        kind = _KINDS.get(type(op).__name__)
+        self.kind = kind if kind is not None else _kind_of(op)
         t = getattr(op, "buf", None)
         if t is None:
             t = getattr(op, "tensor", None)
-        if t is None:
-            self.shape, self.dtype, self.bytes = (), "", 0
-        else:
-            dt = t.dtype
-            name = _DTYPES.get(dt)
-            if name is None:
-                name = _DTYPES[dt] = str(dt).replace("torch.", "")
-            self.shape, self.dtype = t.shape, name  # torch.Size: a tuple, no reference to the tensor
-            self.bytes = t.numel() * t.element_size()
+        self.shape, self.dtype = ((), None) if t is None else (t.shape, t.dtype)
         spec = getattr(op, "compressed", None)
-        self.name = getattr(spec, "name", "") or ""
-        self.algorithm = getattr(op, "algorithm", "") or ""
+        self.name = "" if spec is None else spec.name
+        self.algorithm = getattr(op, "algorithm", "")
         self.state, self.error, self.error_type, self.peer = "queued", "", "", None
-        self.t_enqueue, self.m_enqueue = time.time(), time.monotonic()
-        self.t_start = self.t_end = self.m_start = self.m_end = None
+        self.m_enqueue = time.monotonic()
+        self.m_start = self.m_end = None
 
-    def to_json(self) -> dict:
+    def to_json(self, wall_offset: float) -> dict:
+        """The record as JSON-ready values; ``wall_offset``: ``time.time() - time.monotonic()``."""
+        dt = self.dtype
         d = {k: getattr(self, k) for k in self.__slots__}
         d["ranks"], d["shape"], d["site"] = list(self.ranks), list(self.shape), _site_text(self.site)
+        d["dtype"] = "" if dt is None else str(dt).replace("torch.", "")
+        d["bytes"] = 0 if dt is None else math.prod(self.shape) * dt.itemsize
+        d["algorithm"] = self.algorithm or ""
+        for k in ("enqueue", "start", "end"):
+            m = d[f"m_{k}"]
+            d[f"t_{k}"] = None if m is None else m + wall_offset
         return d
+
+
+def _kind_of(op: Any) -> str:
+    kind = getattr(op, "kind", None)
+    return kind.name.lower() if kind is not None else type(op).__name__
 
 
 class FlightRecorder:
@@ -164,9 +164,10 @@ class FlightRecorder:
                     kept.append(r)
             complete = complete and len(kept) == len(recs)
             recs = kept[::-1]
+        offset = time.time() - time.monotonic()
         return {"version": 1, "rank": self.rank, "world_size": self.world_size, "hostname": self.hostname,
                 "pid": os.getpid(), "time": time.time(), "reason": reason, "failure": self.failure,
-                "capacity": self.size, "complete": complete, "records": [r.to_json() for r in recs]}
+                "capacity": self.size, "complete": complete, "records": [r.to_json(offset) for r in recs]}
 
     def dump(self, path: str | None = None, reason: str = "requested", tail: int | None = None) -> str:
         """Write the snapshot (``tail``: see :meth:`snapshot`) to ``path`` (default
@@ -188,12 +189,11 @@ class FlightRecorder:
 
 
 def started(rec: Record, seq: int) -> None:
-    rec.seq, rec.state = seq, "running"
-    rec.t_start, rec.m_start = time.time(), time.monotonic()
+    rec.seq, rec.state, rec.m_start = seq, "running", time.monotonic()
 
 
 def finished(rec: Record, error: BaseException | None = None) -> None:
-    rec.t_end, rec.m_end = time.time(), time.monotonic()
+    rec.m_end = time.monotonic()
     if error is None:
         rec.state = "done"
     else:
