@@ -80,9 +80,18 @@ def init(transport=None, options: Options | None = None) -> Runtime:
 
     timeline.configure_from_env(rt.rank)  # RINGLET_TIMELINE / HOROVOD_TIMELINE also for scripts using hooks only
     if not _atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(shutdown)  # also leaves the flight record of a rank that exits without shutdown()
         _atexit_registered = True
+    from . import flight
+
+    flight.install_signal_handler(lambda: collectives._runtime and collectives._runtime.recorder)  # SIGUSR1
     return rt
+
+
+def dump(path: str | None = None) -> str:
+    """Write this rank's flight record (its last collectives, :mod:`ringlet.flight`) as JSON to ``path``
+    or ``$RINGLET_FLIGHT_DIR/rank-<R>.json``; return the path. ``ringlet diagnose DIR`` reads them."""
+    return _rt().recorder.dump(path, reason="ringlet.dump()")
 
 
 _owns_torch_group = False  # init created torch's default group beside the shm transport
@@ -112,6 +121,7 @@ def shutdown() -> None:
     rt = collectives._runtime
     if rt is not None:
         collectives._set_runtime(None)
+        _dump_at_exit(rt)
         if rt.monitor is not None:
             rt.monitor.stop(clean=True)
         if rt.heap_decay is not None:
@@ -122,6 +132,22 @@ def shutdown() -> None:
 
         _owns_torch_group = False
         destroy_default_group()
+
+
+SHUTDOWN_TAIL = 64  # records per group a rank leaves at shutdown (a failure or a request writes them all)
+
+
+def _dump_at_exit(rt: Runtime) -> None:
+    """Leave the flight record of a rank that shuts down (each group's last records, so that its last
+    sequence numbers are known); never raises."""
+    if not rt.recorder.enabled or not rt.recorder.records:
+        return
+    try:
+        rt.recorder.dump(reason="shutdown", tail=SHUTDOWN_TAIL)
+    except OSError as err:
+        import logging
+
+        logging.getLogger("ringlet").warning("flight recorder: could not write its record: %s", err)
 
 
 def is_initialized() -> bool:
@@ -188,7 +214,7 @@ def new_group(ranks) -> Group:
 
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "init", "shutdown", "dump", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "new_group", "wire_bytes", "Group", "Work", "Options", "ReduceOp", "SUM", "AVG", "MIN", "MAX", "PRODUCT",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "reduce", "reduce_", "reduce_async", "reduce_async_",

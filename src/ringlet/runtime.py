@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import os
 import socket
 import threading
@@ -14,10 +15,11 @@ from typing import Any, Callable
 
 from .engine.agree import exchange
 from .engine.channel import P2P_SLOT, Channel, tag_base
+from . import flight
 from .group import Group
 from .timeline import now_us
 from .tuning.select import Selector
-from .types import Options, PeerError
+from .types import CollectiveTimeout, MismatchError, Options, PeerError
 
 
 _WORK_LOCK = threading.Lock()  # guards every Work's completion against a waiter or a callback arriving
@@ -124,6 +126,8 @@ class Runtime:
         self.monitor = None
         # The heap decay thread (ringlet.memory), set by ringlet.init; None when off.
         self.heap_decay = None
+        # The flight recorder (ringlet.flight): the last collectives queued through submit_op.
+        self.recorder = flight.FlightRecorder(self.rank, self.size)
 
     # ---- topology -------------------------------------------------------------------------
     def _exchange_hostnames(self) -> tuple[str, ...]:
@@ -235,10 +239,33 @@ class Runtime:
         the channel of ``op.group`` for it (in execution order, so the tags agree on every member) and
         runs ``op.run(channel)``; the handle gives its result. The request never calls back into the
         runtime: everything it needs from it is the channel."""
-        return self.submit(functools.partial(self._run_op, op), sync=sync)
+        rec = self.recorder.enqueue(op)
+        return self.submit(functools.partial(self._run_op, op, rec), sync=sync)
 
-    def _run_op(self, op) -> Any:
-        return op.run(self.channel(op.group))
+    def _run_op(self, op, rec=None) -> Any:
+        if rec is None:
+            return op.run(self.channel(op.group))
+        flight.started(rec, self._seq[op.group.id])
+        try:
+            result = op.run(self.channel(op.group))
+        except BaseException as exc:
+            flight.finished(rec, exc)
+            if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
+                self._dump_failure(exc)
+            raise
+        flight.finished(rec)
+        return result
+
+    def _dump_failure(self, exc: BaseException) -> None:
+        """Write the flight record once, on the first failed collective; a failed write is logged."""
+        rec = self.recorder
+        if rec.failure is not None:
+            return
+        rec.failure = f"{type(exc).__name__}: {exc}"[:300]
+        try:
+            rec.dump(reason=rec.failure)
+        except OSError as err:
+            logging.getLogger("ringlet").warning("flight recorder: could not write its record: %s", err)
 
     def _name_failure(self, exc: PeerError) -> BaseException:
         """``exc``, or the error that names the rank that caused it when the liveness monitor knows (a

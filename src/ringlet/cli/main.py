@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "report": "ringlet.cli.report:report_cli",
     "tune": "ringlet.cli.tune:tune_cli",
     "doctor": "ringlet.cli.doctor:doctor_cli",
+    "diagnose": "ringlet.cli.diagnose:diagnose_cli",
 }
 
 

@@ -1,0 +1,27 @@
+"""The flight recorder with real processes: a rank that skips one all-reduce, and ``ringlet diagnose``
+on the records every rank left (ranks 0 and 1 at their failure, rank 2 at its shutdown)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mp_jobs import RINGLET, job_report, load_rank_files, run_job, worker
+
+
+@pytest.mark.multiproc
+def test_skipped_allreduce_is_named(tmp_path):
+    fr = tmp_path / "fr"
+    out = tmp_path / "out.json"
+    job = run_job(["-np", "3", "--", sys.executable, worker("flight_worker.py"), str(out)], timeout=120,
+                  env={"RINGLET_TIMEOUT": "5", "RINGLET_FLIGHT_DIR": str(fr)})
+    ranks = load_rank_files(out, 3)
+    assert all(s is not None for s in ranks), job_report(job)
+    assert ranks[2]["outcome"] == "ok"
+    assert all(s["outcome"] in ("PeerError", "CollectiveTimeout") for s in ranks[:2]), ranks
+    res = subprocess.run(RINGLET + ["diagnose", str(fr)], capture_output=True, text=True, timeout=60)
+    verdict = res.stdout.splitlines()[0] if res.stdout else ""
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert verdict.startswith("rank 2 made 2 all-reduces on the world group where ranks 0 and 1 made 3; "
+                              "ranks 0 and 1 failed in the third (shape [4], float32, flight_worker.py:"), res.stdout
