@@ -1,7 +1,10 @@
-"""The flight recorder with real processes: a rank that skips one all-reduce, and ``ringlet diagnose``
-on the records every rank left (ranks 0 and 1 at their failure, rank 2 at its shutdown)."""
+"""The flight recorder with real processes: a rank that skips one all-reduce; the launcher keeps the job's
+records (ranks 0 and 1 at their failure, rank 2 at its shutdown) and prints the verdict of ``ringlet
+diagnose``, which says the same on the folder."""
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 
@@ -12,16 +15,20 @@ from mp_jobs import RINGLET, job_report, load_rank_files, run_job, worker
 
 @pytest.mark.multiproc
 def test_skipped_allreduce_is_named(tmp_path):
-    fr = tmp_path / "fr"
     out = tmp_path / "out.json"
     job = run_job(["-np", "3", "--", sys.executable, worker("flight_worker.py"), str(out)], timeout=120,
-                  env={"RINGLET_TIMEOUT": "5", "RINGLET_FLIGHT_DIR": str(fr)})
+                  env={"RINGLET_TIMEOUT": "5"})
+    m = re.search(r"ringlet run: flight records in (\S+) \(ringlet diagnose \S+\): (.*)", job.stderr)
+    assert m, job_report(job)
+    fr = m.group(1)
     ranks = load_rank_files(out, 3)
     assert all(s is not None for s in ranks), job_report(job)
     assert ranks[2]["outcome"] == "ok"
     assert all(s["outcome"] in ("PeerError", "CollectiveTimeout") for s in ranks[:2]), ranks
-    res = subprocess.run(RINGLET + ["diagnose", str(fr)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(RINGLET + ["diagnose", fr], capture_output=True, text=True, timeout=60)
+    shutil.rmtree(fr, ignore_errors=True)
     verdict = res.stdout.splitlines()[0] if res.stdout else ""
     assert res.returncode == 1, res.stdout + res.stderr
     assert verdict.startswith("rank 2 made 2 all-reduces on the world group where ranks 0 and 1 made 3; "
                               "ranks 0 and 1 failed in the third (shape [4], float32, flight_worker.py:"), res.stdout
+    assert m.group(2) == verdict, job_report(job)

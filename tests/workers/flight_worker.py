@@ -1,6 +1,7 @@
 """The pitfall of asymmetric control flow: rank 2 skips one all-reduce, lingers, then shuts down; ranks 0
 and 1 fail in their third. Every rank leaves its flight record in RINGLET_FLIGHT_DIR; the test runs
-``ringlet diagnose`` on them. Writes ``<out>.rank<R>``: the rank and how its last call ended."""
+``ringlet diagnose`` on them. Writes ``<out>.rank<R>``: the rank and how its last call ended; a rank whose
+call failed then exits with status 1, so the job fails as a user's would."""
 import json
 import sys
 import time
@@ -23,3 +24,4 @@ if rank == 2:
 ringlet.shutdown()
 with open(f"{out}.rank{rank}", "w") as fh:
     json.dump({"rank": rank, "outcome": outcome}, fh)
+sys.exit(0 if outcome == "ok" else 1)

@@ -7,6 +7,7 @@ from ..security.secret import SECRET_ENV, job_secret, new_secret
 from .agent import run_torch
 from .config import TRANSPORTS, LaunchError, RunConfig
 from .elastic import ElasticConfig, run_elastic
+from .flight_dir import with_flight_dir
 from .hosts import fit_hosts, parse_host_list, single_host
 from .mpi import run_mpi
 
@@ -67,9 +68,14 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
         raise LaunchError("Give the number of ranks with -np N (or a host list with --hosts).")
     if np is not None and np < 1:
         raise LaunchError("-np must be at least 1.")
-    cfg = RunConfig(command, np, transport, parsed, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id,
-                    dict(env or {}), mpi_entry)
-    return run_mpi(cfg) if transport == "mpi" else run_torch(cfg)
+    def launch(job_env: dict) -> int:
+        cfg = RunConfig(command, np, transport, parsed, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id,
+                        job_env, mpi_entry)
+        return run_mpi(cfg) if transport == "mpi" else run_torch(cfg)
+
+    if parsed is not None and not single_host(parsed):
+        return launch(dict(env or {}))
+    return with_flight_dir(dict(env or {}), launch)
 
 
 def _run_elastic(command, np, transport, hosts, env, min_np, max_np, restarts, timeout) -> int:
