@@ -170,8 +170,9 @@ class Runtime:
     def _tag_slot(self, ranks: tuple[int, ...]) -> int:
         """The lowest tag slot that no earlier group with two or more of ``ranks`` among its members has.
 
-        Message tags carry the slot in GROUP_BITS bits, the last slot reserved for point-to-point. Two groups in one slot share tags, which is safe
-        exactly when no pair of ranks belongs to both: a message always travels between two members.
+        Message tags carry the slot in GROUP_BITS bits, the last slot reserved for point-to-point. Two groups
+        in one slot share tags, which is safe exactly when no pair of ranks belongs to both: a message always
+        travels between two members.
         Identical on every rank, since every rank creates the same groups in the same order."""
         members = set(ranks)
         taken = {g.tag_slot for g in self.groups if len(members.intersection(g.ranks)) >= 2}
