@@ -82,7 +82,10 @@ def test_failing_rank_sets_exit_status(transport, tmp_path):
                    str(tmp_path / "exit.json")], timeout=180, env={"RINGLET_TIMEOUT": "20"})
     assert job.returncode == 17, job_report(job)
     assert "RuntimeError: boom from rank 1" in job.stderr, job_report(job)
-    assert "rank 1" in job.stderr.splitlines()[-1], job_report(job)
+    # The launcher's last words: which rank failed first, then where the flight records are, with the verdict.
+    last = job.stderr.splitlines()[-2:]
+    assert "rank 1" in last[0] and "failed first" in last[0], job_report(job)
+    assert last[1].startswith("ringlet run: flight records in "), job_report(job)
 
 
 @pytest.mark.multiproc
