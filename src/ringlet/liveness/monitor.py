@@ -42,6 +42,13 @@ class Monitor:
         self._seen: dict[int, tuple[int | None, float]] = {}
         self._hosts: dict[int, str] = {}
         self._thread: threading.Thread | None = None
+        self._tasks: list[Callable[["StoreView"], object]] = []
+
+    def add_task(self, task: Callable[["StoreView"], object]) -> None:
+        """Run ``task(view)`` on this thread after every heartbeat (a :class:`StoreView`: this rank's
+        keys to publish, the others' to read). Tasks share the heartbeat's round, so what they publish
+        costs the training loop nothing; a task that raises is logged (debug) and kept."""
+        self._tasks.append(task)
 
     # ---- life cycle ---------------------------------------------------------------------
     def start(self) -> "Monitor":
@@ -89,6 +96,13 @@ class Monitor:
                 self._on_beat()
             except Exception as exc:  # noqa: BLE001 - a failed check must not look like a silent store
                 log.debug("ringlet liveness: the strangers check failed: %s", exc)
+        if self._tasks:
+            view = StoreView(st, self.prefix, self.rank, self.size)
+            for task in list(self._tasks):
+                try:
+                    task(view)
+                except Exception as exc:  # noqa: BLE001 - a broken task must not stop the heartbeats
+                    log.debug("ringlet liveness: task %r failed: %s", task, exc)
         found = self._read_verdict() or self._read_deaths()
         if found is None:
             found = self._check_watched()
@@ -169,6 +183,25 @@ class Monitor:
             self._urgent.set()
             self._found.wait(self.options.grace)
         return None if self.verdict is None else self.verdict.error(self.rank, exc)
+
+
+class StoreView:
+    """What a monitor task may do in the job's store: publish this rank's value of a named entry and
+    read every rank's (names other than the monitor's own: ``hb``, ``host``, ``done``, ``dead``)."""
+
+    def __init__(self, store, prefix: str, rank: int, size: int) -> None:
+        self._store, self._prefix, self.rank, self.size = store, prefix, rank, size
+
+    def publish(self, name: str, value: bytes | str) -> None:
+        """Set this rank's ``name`` entry to ``value``."""
+        self._store.set(K.of_rank(self._prefix, name, self.rank), value)
+
+    def read(self, name: str, ranks) -> dict[int, bytes | None]:
+        """Each of ``ranks``' ``name`` entry (None where it has published none yet)."""
+        keys = [K.of_rank(self._prefix, name, r) for r in ranks]
+        if keys and self._store.check(keys):
+            return dict(zip(ranks, self._store.multi_get(keys)))
+        return {r: (self._store.get(k) if self._store.check([k]) else None) for r, k in zip(ranks, keys)}
 
 
 def start(rt) -> Monitor | None:
