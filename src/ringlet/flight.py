@@ -83,29 +83,42 @@ def _site_text(site: tuple[str, int] | None) -> str:
     return "" if site is None else f"{site[0]}:{site[1]}"
 
 
+# An entry of the ring is a plain list (the cheapest object Python builds), indexed by these; the runtime
+# stamps SEQ, START and END itself. ERROR is None or (type name, message, peer rank).
+GROUP, KIND, SHAPE, DTYPE, NAME, ALGO, CODE, LINE, ENQUEUE, SEQ, START, END, ERROR = range(13)
+_monotonic = time.monotonic
+_DESC: dict = {}  # request class -> (kind or None when the request carries it, tensor attribute or None)
+
+
+def _describe(cls: type) -> tuple:
+    """``(kind or None when the request carries it, tensor attribute, has compression, has algorithm)``
+    of request class ``cls``, worked out once per class."""
+    fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__slots__", ())
+    attr = "buf" if "buf" in fields else "tensor" if "tensor" in fields else None
+    d = _DESC[cls] = (_KINDS.get(cls.__name__), attr, "compressed" in fields, "algorithm" in fields)
+    return d
+
+
 class Record:
-    """One collective as this rank saw it, kept cheap: the monotonic times (``time.monotonic``; the dump
-    adds the wall clock's offset), ``dtype`` as the torch dtype, the shape as its ``torch.Size`` (no
-    reference to the tensor); ``seq`` is None until it starts; ``site``: (file, line) of the user's call."""
+    """One collective as this rank saw it, read from a ring entry: the monotonic times
+    (``time.monotonic``; the dump adds the wall clock's offset), ``dtype`` as the torch dtype, the shape
+    as its ``torch.Size`` (no reference to the tensor is kept); ``seq`` is None until it starts;
+    ``site``: (file, line) of the user's call; ``state``: queued, running, done or failed."""
 
     __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "site", "state",
                  "error", "error_type", "peer", "m_enqueue", "m_start", "m_end")
 
-    def __init__(self, op: Any, site: tuple[str, int] | None) -> None:
-        g = op.group
-        self.group, self.ranks, self.seq, self.site = g.id, g.ranks, None, site
-        kind = _KINDS.get(type(op).__name__)
-        self.kind = kind if kind is not None else _kind_of(op)
-        t = getattr(op, "buf", None)
-        if t is None:
-            t = getattr(op, "tensor", None)
-        self.shape, self.dtype = ((), None) if t is None else (t.shape, t.dtype)
-        spec = getattr(op, "compressed", None)
-        self.name = "" if spec is None else spec.name
-        self.algorithm = getattr(op, "algorithm", "")
-        self.state, self.error, self.error_type, self.peer = "queued", "", "", None
-        self.m_enqueue = time.monotonic()
-        self.m_start = self.m_end = None
+    def __init__(self, e: list) -> None:
+        g = e[GROUP]
+        self.group, self.ranks, self.seq, self.kind = g.id, g.ranks, e[SEQ], e[KIND]
+        self.shape, self.dtype, self.name, self.algorithm = e[SHAPE] or (), e[DTYPE], e[NAME], e[ALGO] or ""
+        code = e[CODE]
+        self.site = None if code is None else (code.co_filename, e[LINE])
+        self.m_enqueue, self.m_start, self.m_end = e[ENQUEUE], e[START], e[END]
+        err = e[ERROR]
+        self.error_type, self.error, self.peer = ("", "", None) if err is None else err
+        self.state = ("queued" if self.seq is None else "running" if self.m_end is None
+                      else "done" if err is None else "failed")
 
     def to_json(self, wall_offset: float) -> dict:
         """The record as JSON-ready values; ``wall_offset``: ``time.time() - time.monotonic()``."""
@@ -114,47 +127,85 @@ class Record:
         d["ranks"], d["shape"], d["site"] = list(self.ranks), list(self.shape), _site_text(self.site)
         d["dtype"] = "" if dt is None else str(dt).replace("torch.", "")
         d["bytes"] = 0 if dt is None else math.prod(self.shape) * dt.itemsize
-        d["algorithm"] = self.algorithm or ""
         for k in ("enqueue", "start", "end"):
             m = d[f"m_{k}"]
             d[f"t_{k}"] = None if m is None else m + wall_offset
         return d
 
 
-def _kind_of(op: Any) -> str:
-    kind = getattr(op, "kind", None)
-    return kind.name.lower() if kind is not None else type(op).__name__
-
-
 class FlightRecorder:
-    """The ring buffer of one rank. ``size`` 0: off (``enqueue`` returns None and nothing is kept)."""
+    """The ring buffer of one rank. ``size`` 0: off (``enqueue`` returns None and nothing is kept).
+
+    The collective path pays for one list and two or three clock reads per collective, and a walk of the
+    few ringlet frames above it to the user's call site; everything else (kind names, byte counts, wall
+    times) is worked out when the record is read (:attr:`records`, :meth:`snapshot`). ``appended``: how
+    many entries the ring has taken since it started (those beyond the last ``size`` are gone)."""
 
     def __init__(self, rank: int, world_size: int, size: int | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.size = configured_size() if size is None else size
-        self.records: collections.deque = collections.deque(maxlen=max(self.size, 1))
+        self._ring: collections.deque = collections.deque(maxlen=max(self.size, 1))
+        self.appended = 0
         self.hostname = socket.gethostname()
         self.failure: str | None = None  # the first failed collective's error (dumped once, kept in later dumps)
-        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
         return self.size > 0
 
-    def enqueue(self, op: Any) -> Record | None:
-        """Record ``op`` as queued, with the user's call site; None when off."""
+    @property
+    def records(self) -> list[Record]:
+        """The ring's records, oldest first, as of now (entries still running may change afterwards)."""
+        for _ in range(3):
+            try:
+                return [Record(e) for e in list(self._ring)]
+            except RuntimeError:  # the deque changed while it was copied: copy again
+                continue
+        return []
+
+    def enqueue(self, op: Any) -> list | None:
+        """Record request ``op`` as queued, with the user's call site; the ring entry, or None when off.
+        Called by the runtime only (the call site is looked for two frames above this one)."""
         if self.size <= 0:
             return None
-        rec = Record(op, call_site(3))
-        self.records.append(rec)
-        return rec
+        try:
+            f = sys._getframe(2)
+        except ValueError:  # called from the top of a stack: no user frame above
+            f = None
+        inside = _INSIDE
+        for _ in range(16 if f is not None else 0):
+            code = f.f_code
+            ins = inside.get(code)
+            if ins is None:
+                ins = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+            if not ins:
+                break
+            f = f.f_back
+            if f is None:
+                code = None
+                break
+        else:
+            code = None
+        cls = op.__class__
+        kind, attr, has_spec, has_algo = _DESC.get(cls) or _describe(cls)
+        if attr is None:
+            shape = dtype = None
+        else:
+            t = getattr(op, attr)
+            shape, dtype = t.shape, t.dtype
+        spec = op.compressed if has_spec else None
+        e = [op.group, kind or _kind_of(op), shape, dtype, "" if spec is None else spec.name,
+             op.algorithm if has_algo else "", code, f.f_lineno if code is not None else 0, _monotonic(),
+             None, None, None, None]
+        self._ring.append(e)
+        self.appended += 1
+        return e
 
     def snapshot(self, reason: str, tail: int | None = None) -> dict:
         """This rank's dump as a JSON-ready dict. ``tail``: keep only each group's last ``tail`` records.
         ``complete``: the records hold every collective since the runtime started (none dropped)."""
-        with self._lock:
-            recs = list(self.records)
-        complete = len(recs) < self.records.maxlen
+        recs = self.records
+        complete = self.appended <= self._ring.maxlen
         if tail is not None:
             seen: dict[int, int] = {}
             kept = []
@@ -188,17 +239,15 @@ class FlightRecorder:
         return path
 
 
-def started(rec: Record, seq: int) -> None:
-    rec.seq, rec.state, rec.m_start = seq, "running", time.monotonic()
+def _kind_of(op: Any) -> str:
+    kind = getattr(op, "kind", None)
+    return kind.name.lower() if kind is not None else type(op).__name__
 
 
-def finished(rec: Record, error: BaseException | None = None) -> None:
-    rec.m_end = time.monotonic()
-    if error is None:
-        rec.state = "done"
-    else:
-        rec.state, rec.error_type = "failed", type(error).__name__
-        rec.error, rec.peer = str(error)[:500], getattr(error, "rank", None)
+def failed(entry: list, error: BaseException) -> None:
+    """Mark ring ``entry`` failed with ``error`` (its type, message and the peer it names, if any)."""
+    entry[ERROR] = (type(error).__name__, str(error)[:500], getattr(error, "rank", None))
+    entry[END] = _monotonic()
 
 
 def install_signal_handler(get_recorder) -> bool:

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+from time import monotonic as _monotonic
 from typing import Any, Callable
 
 from .engine.agree import exchange
@@ -20,6 +21,8 @@ from .group import Group
 from .timeline import now_us
 from .tuning.select import Selector
 from .types import CollectiveTimeout, MismatchError, Options, PeerError
+
+_SEQ, _START, _END = flight.SEQ, flight.START, flight.END
 
 
 _WORK_LOCK = threading.Lock()  # guards every Work's completion against a waiter or a callback arriving
@@ -246,15 +249,15 @@ class Runtime:
     def _run_op(self, op, rec=None) -> Any:
         if rec is None:
             return op.run(self.channel(op.group))
-        flight.started(rec, self._seq[op.group.id])
+        rec[_SEQ], rec[_START] = self._seq[op.group.id], _monotonic()
         try:
             result = op.run(self.channel(op.group))
         except BaseException as exc:
-            flight.finished(rec, exc)
+            flight.failed(rec, exc)
             if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
                 self._dump_failure(exc)
             raise
-        flight.finished(rec)
+        rec[_END] = _monotonic()
         return result
 
     def _dump_failure(self, exc: BaseException) -> None:
