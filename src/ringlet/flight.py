@@ -201,6 +201,20 @@ class FlightRecorder:
         self.appended += 1
         return e
 
+    def begin(self, group: Any, kind: str, tensor: Any, name: str = "", algorithm: str = "") -> list | None:
+        """Record a collective that starts now outside the runtime's queue (a front end that runs the engine
+        on a channel of its own: the Horovod-style coordinator's fused all-reduces, ZeRO's flat buffers):
+        the ring entry, queued and started at once (the caller stamps ``SEQ``), or None when off. No call
+        site: such collectives run on a background thread."""
+        if self.size <= 0:
+            return None
+        now = _monotonic()
+        e = [group, kind, None if tensor is None else tensor.shape, None if tensor is None else tensor.dtype,
+             name, algorithm, None, 0, now, None, now, None, None]
+        self._ring.append(e)
+        self.appended += 1
+        return e
+
     def snapshot(self, reason: str, tail: int | None = None) -> dict:
         """This rank's dump as a JSON-ready dict. ``tail``: keep only each group's last ``tail`` records.
         ``complete``: the records hold every collective since the runtime started (none dropped)."""

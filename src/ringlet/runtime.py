@@ -6,6 +6,7 @@ or on the background thread (``*_async``), so every rank runs them in the same o
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -259,6 +260,28 @@ class Runtime:
             raise
         rec[_END] = _monotonic()
         return result
+
+    @contextlib.contextmanager
+    def recorded(self, group: Group, kind: str, tensor, name: str = "", workspace: dict | None = None):
+        """The channel of the next op on ``group`` (as :meth:`channel`), for a front end that runs the
+        engine itself; the op is in the flight recorder as one ``kind`` collective of ``tensor`` named
+        ``name`` (:meth:`ringlet.flight.FlightRecorder.begin`), failed when the block raises (a peer's
+        failure, a timeout or a mismatch also writes the record, as for queued collectives)."""
+        seq = self._seq[group.id]
+        e = self.recorder.begin(group, kind, tensor, name)
+        ch = self.channel(group, workspace)
+        if e is None:
+            yield ch
+            return
+        e[_SEQ] = seq
+        try:
+            yield ch
+        except BaseException as exc:
+            flight.failed(e, exc)
+            if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
+                self._dump_failure(exc)
+            raise
+        e[_END] = _monotonic()
 
     def _dump_failure(self, exc: BaseException) -> None:
         """Write the flight record once, on the first failed collective; a failed write is logged."""

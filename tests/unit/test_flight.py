@@ -144,3 +144,28 @@ def test_signal_handler_respects_existing_handler():
         assert flight.install_signal_handler(lambda: None) is True
     finally:
         signal.signal(signal.SIGUSR1, prev)
+
+
+def test_front_ends_that_run_the_engine_themselves_are_recorded():
+    """The Horovod-style coordinator's collectives (by tensor name) and ZeRO's flat-buffer ops
+    (Comm.reduce_scatter_flat_ / allgather_flat_) leave records like the core API's."""
+    from hvd_world import hvd_world
+
+    from ringlet.torch.comm import Comm
+    from ringlet.torch.name_matched import NAME_MATCHED
+    from ringlet.types import ReduceOp
+
+    def body(rank):
+        Comm(scheduler=NAME_MATCHED).allreduce_(torch.ones(5), ReduceOp.SUM, "grad.w").wait()
+        flat = torch.ones(6)
+        comm = Comm()
+        comm.reduce_scatter_flat_(flat, [3, 3], ReduceOp.SUM, "zero.rs").wait()
+        comm.allgather_flat_(flat, [3, 3], "zero.ag").wait()
+        return collectives.runtime().recorder.snapshot("x")["records"]
+
+    for recs in hvd_world(2, body):
+        by_name = {r["name"]: r for r in recs if r["name"]}
+        assert (by_name["allreduce.grad.w"]["kind"], by_name["allreduce.grad.w"]["shape"]) == ("allreduce", [5])
+        assert by_name["zero.rs"]["kind"] == "reduce_scatter" and by_name["zero.ag"]["kind"] == "allgather"
+        for r in by_name.values():
+            assert r["state"] == "done" and r["seq"] is not None and r["t_start"] <= r["t_end"]

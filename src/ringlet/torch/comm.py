@@ -195,12 +195,13 @@ class Comm:
         self._check_flat(flat, counts)
 
         def job():
-            ch = self._channel()
-            if check:
-                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, pre=prescale, post=postscale))
-            _ops.scale_(flat, prescale)
-            block = _ops.reduce_scatter_(ch, flat, counts, red)
-            return _ops.finish_(block, red, ch.size, postscale)
+            with self._channel("reduce_scatter", flat, name) as ch:
+                if check:
+                    _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, pre=prescale,
+                                              post=postscale))
+                _ops.scale_(flat, prescale)
+                block = _ops.reduce_scatter_(ch, flat, counts, red)
+                return _ops.finish_(block, red, ch.size, postscale)
 
         return self.submit(job)
 
@@ -213,10 +214,10 @@ class Comm:
         self._check_flat(flat, counts)
 
         def job():
-            ch = self._channel()
-            if check:
-                _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
-            _ops.allgather_(ch, flat, counts, algorithm)
+            with self._channel("allgather", flat, name) as ch:
+                if check:
+                    _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
+                _ops.allgather_(ch, flat, counts, algorithm)
             return flat
 
         return self.submit(job)
@@ -248,13 +249,13 @@ class Comm:
         _crs.check_compressor(comp)
 
         def job():
-            ch = self._channel()
-            if check:
-                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, splits=tuple(counts),
-                                          compression=_crs.describe(comp, counts)))
-            start = sum(counts[:ch.rank])
-            own = flat[start:start + counts[ch.rank]]
-            return own.copy_(_crs.compressed_reduce_scatter_(ch, flat, counts, comp, state, red.averages))
+            with self._channel("reduce_scatter", flat, name) as ch:
+                if check:
+                    _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, splits=tuple(counts),
+                                              compression=_crs.describe(comp, counts)))
+                start = sum(counts[:ch.rank])
+                own = flat[start:start + counts[ch.rank]]
+                return own.copy_(_crs.compressed_reduce_scatter_(ch, flat, counts, comp, state, red.averages))
 
         return self.submit(job)
 
@@ -264,9 +265,10 @@ class Comm:
         if len(counts) != self.size or sum(counts) != flat.numel() or min(counts, default=0) < 0:
             raise ValueError(f"counts {list(counts)} do not cut {flat.numel()} elements into {self.size} blocks")
 
-    def _channel(self):
+    def _channel(self, kind: str, flat: torch.Tensor, name: str):
+        """The channel of the next op on the group, the op in the flight recorder (a context manager)."""
         rt = _core.runtime()
-        return rt.channel(self.group if self.group is not None else rt.world)
+        return rt.recorded(self.group if self.group is not None else rt.world, kind, flat, name)
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:

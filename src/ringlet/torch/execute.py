@@ -37,15 +37,17 @@ class Runner:
         self.fusion_threshold = fusion_threshold
         self._fusion: dict[torch.dtype, torch.Tensor] = {}
 
-    def _channel(self, g):
-        return self.rt.channel(g, self.workspace)
+    def _channel(self, g, kind: str, tensor: torch.Tensor, name: str):
+        """The channel of the next op on ``g``, the op in the flight recorder under its tensor's name."""
+        return self.rt.recorded(g, kind, tensor, name, self.workspace)
 
-    def allreduce_flat(self, g, flat: torch.Tensor, op: int, pre: float, post: float) -> None:
+    def allreduce_flat(self, g, flat: torch.Tensor, op: int, pre: float, post: float, name: str = "") -> None:
         """All-reduce ``flat`` in place with the algorithm the core would choose (``RINGLET_ALGORITHM``
         or ``auto``), through the engine's one all-reduce entry (:func:`ringlet.engine.allreduce.allreduce_`)
         without a record: negotiation already checked the members' metadata."""
         algo = select.requested(None, self.rt.options.algorithm)
-        engine_allreduce.allreduce_(self._channel(g), flat, reduction(op), algo, pre, post)
+        with self._channel(g, "allreduce", flat, name) as ch:
+            engine_allreduce.allreduce_(ch, flat, reduction(op), algo, pre, post)
 
     # ---- all-reduce with fusion --------------------------------------------------------------
     @staticmethod
@@ -85,7 +87,7 @@ class Runner:
         if req is not None and out is not req.tensor:
             out.copy_(req.tensor)
         t0 = timeline.now_us()
-        self.allreduce_flat(g, out.view(-1), meta.op, meta.pre, meta.post)
+        self.allreduce_flat(g, out.view(-1), meta.op, meta.pre, meta.post, meta.name)
         _span(meta.name, "COMMUNICATE", t0, timeline.now_us(), {"bytes": out.numel() * out.element_size()})
 
     def _buffer(self, dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -109,7 +111,7 @@ class Runner:
                 flat[off:off + n].copy_(req.tensor.reshape(-1))
             off += n
         t1 = timeline.now_us()
-        self.allreduce_flat(g, flat, meta0.op, meta0.pre, meta0.post)
+        self.allreduce_flat(g, flat, meta0.op, meta0.pre, meta0.post, f"{meta0.name} (+{len(items) - 1} fused)")
         t2 = timeline.now_us()
         off = 0
         for (meta, _), out in zip(items, outs):
@@ -125,19 +127,22 @@ class Runner:
     # ---- the other collectives ---------------------------------------------------------------
     def allgather(self, g, metas: dict[int, Meta], req: Request) -> torch.Tensor:
         dim0s = [metas[r].shape[0] if metas[r].shape else 1 for r in g.ranks]
-        return ops.allgather_rows(self._channel(g), req.tensor, dim0s)
+        with self._channel(g, "allgather", req.tensor, metas[g.ranks[0]].name) as ch:
+            return ops.allgather_rows(ch, req.tensor, dim0s)
 
     def broadcast(self, g, meta: Meta, req: Request) -> torch.Tensor:
-        ch = self._channel(g)
         out = req.output
         if out is not req.tensor:
             out.copy_(req.tensor)
-        ops.broadcast_(ch, out.view(-1), g.rank_of(meta.root))
+        with self._channel(g, "broadcast", out, meta.name) as ch:
+            ops.broadcast_(ch, out.view(-1), g.rank_of(meta.root))
         return out
 
     def alltoall(self, g, metas: dict[int, Meta], req: Request) -> tuple[torch.Tensor, torch.Tensor]:
-        out, recv = ops.alltoall_rows(self._channel(g), req.tensor, [metas[r].splits for r in g.ranks])
+        with self._channel(g, "alltoall", req.tensor, metas[g.ranks[0]].name) as ch:
+            out, recv = ops.alltoall_rows(ch, req.tensor, [metas[r].splits for r in g.ranks])
         return out, torch.tensor(recv, dtype=torch.int32)
 
     def reducescatter(self, g, meta: Meta, req: Request) -> torch.Tensor:
-        return ops.reduce_scatter_rows(self._channel(g), req.tensor.clone(), reduction(meta.op), meta.pre, meta.post)
+        with self._channel(g, "reduce_scatter", req.tensor, meta.name) as ch:
+            return ops.reduce_scatter_rows(ch, req.tensor.clone(), reduction(meta.op), meta.pre, meta.post)
