@@ -32,3 +32,20 @@ def test_skipped_allreduce_is_named(tmp_path):
     assert verdict.startswith("rank 2 made 2 all-reduces on the world group where ranks 0 and 1 made 3; "
                               "ranks 0 and 1 failed in the third (shape [4], float32, flight_worker.py:"), res.stdout
     assert m.group(2) == verdict, job_report(job)
+
+
+@pytest.mark.multiproc
+def test_records_of_a_multi_host_job_are_collected_on_its_first_host(tmp_path):
+    """Two host entries on this machine (a node launcher each): every host's records reach node 0's
+    launcher through the job's store, and its verdict is the single-host job's."""
+    out = tmp_path / "out.json"
+    job = run_job(["--hosts", "localhost:2,127.0.0.1:1", "--", sys.executable, worker("flight_worker.py"), str(out)],
+                  timeout=180, env={"RINGLET_TIMEOUT": "5"})
+    m = re.search(r"ringlet run: flight records in (\S+) \(ringlet diagnose \S+\): (.*)", job.stderr)
+    assert m, job_report(job)
+    fr = m.group(1)
+    files = sorted(p.name for p in __import__("pathlib").Path(fr).glob("rank-*.json"))
+    shutil.rmtree(fr, ignore_errors=True)
+    assert files == ["rank-0.json", "rank-1.json", "rank-2.json"], job_report(job)
+    assert m.group(2).startswith("rank 2 made 2 all-reduces on the world group where ranks 0 and 1 made 3"), \
+        job_report(job)

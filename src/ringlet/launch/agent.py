@@ -17,11 +17,13 @@ import tempfile
 import time
 import uuid
 
+from . import flight_collect
 from . import store as rdzv_store
 from ..security.secret import SECRET_ENV
 from .config import SHIM, LaunchError, RunConfig, say
 from .deaths import DeathWatch
 from .env import worker_env
+from .flight_dir import FLIGHT_ENV
 from .hosts import LOOPBACK, free_port, hosts_spec, is_local_host, single_host, store_bind_address
 from .status import exit_status, report, root_cause, wait_all
 
@@ -31,7 +33,7 @@ RDZV_TIMEOUT = 900  # seconds the agents of a multi-host job wait for each other
 FAILURE_LINGER = 5.0  # seconds node 0 keeps the job's store up after its ranks failed
 
 
-def exit_barrier_holding_store(barrier, timeout: float | None = None):
+def exit_barrier_holding_store(barrier, timeout: float | None = None, before=None):
     """Torch's agent exit barrier followed by a count-out that keeps the job's store up until every agent
     has left it.
 
@@ -39,8 +41,11 @@ def exit_barrier_holding_store(barrier, timeout: float | None = None):
     node 0's then returns, its process exits and the store goes with it, and an agent still receiving
     its release would log "Failed to recv" with a C++ backtrace although the job succeeded. Here every
     agent counts itself out after the barrier, and node 0's waits for all of them (``timeout``, default
-    :data:`EXIT_ACK_TIMEOUT`)."""
+    :data:`EXIT_ACK_TIMEOUT`). ``before(store)``: run first, once this host's ranks are done (while the
+    job's store is surely up)."""
     def run(agent) -> None:
+        if before is not None:
+            before(agent._store)
         barrier(agent)
         store, group = agent._store, agent._worker_group
         try:
@@ -58,13 +63,17 @@ def exit_barrier_holding_store(barrier, timeout: float | None = None):
 
 
 class HoldStore:
-    """Install :func:`exit_barrier_holding_store` on torch's elastic agent for one launch."""
+    """Install :func:`exit_barrier_holding_store` on torch's elastic agent for one launch (``before``: its
+    hook for this host's last words)."""
+
+    def __init__(self, before=None) -> None:
+        self._before = before
 
     def __enter__(self):
         from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
         self._cls, self._orig = SimpleElasticAgent, SimpleElasticAgent._exit_barrier
-        SimpleElasticAgent._exit_barrier = exit_barrier_holding_store(self._orig)
+        SimpleElasticAgent._exit_barrier = exit_barrier_holding_store(self._orig, before=self._before)
         return self
 
     def __exit__(self, *exc):
@@ -93,15 +102,26 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
         monitor_interval=0.1, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs")),
     )
     rdzv_store.endpoint = None
+    flight = _flight_folder(nnodes)
     deaths = DeathWatch(run_dir, run_id, lambda: rdzv_store.endpoint).start()
     try:
-        with HoldStore():
+        # A host whose ranks succeeded delivers their flight records before the exit barrier: the job may
+        # still fail elsewhere, and then node 0's launcher wants them.
+        # (The death watch's own connection, unprefixed like node 0's; flushed first, so that its thread
+        # no longer uses it.)
+        def deliver(_agent_store) -> None:
+            deaths.flush()
+            _collect_flight(deaths.store(), run_id, node_rank, nnodes, cfg.hosts, flight, failed=False)
+
+        with HoldStore(before=deliver if nnodes > 1 else None):
             elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
         return 0
     except ChildFailedError as exc:
         _, first = exc.get_first_failure()
         deaths.flush()
         named = node_rank == 0 and deaths.report()
+        if nnodes > 1:
+            _collect_flight(deaths.store(), run_id, node_rank, nnodes, cfg.hosts, flight, failed=True)
         if node_rank == 0 and nnodes > 1:  # the store lives here: the other hosts' ranks read why the job stops
             time.sleep(FAILURE_LINGER)
         where = "on this host, " if nnodes > 1 or named else ""
@@ -115,6 +135,29 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(run_dir, ignore_errors=True)
+        if flight is not None:
+            shutil.rmtree(flight, ignore_errors=True)
+
+
+def _flight_folder(nnodes: int) -> str | None:
+    """A multi-host job's ranks on this host write their flight records into a folder of this launcher's
+    (exported to them), unless ``RINGLET_FLIGHT_DIR`` is set; None when it is, or for a one-host job (its
+    launcher gave the job a folder already: :mod:`.flight_dir`)."""
+    if nnodes == 1 or os.environ.get(FLIGHT_ENV):
+        return None
+    folder = tempfile.mkdtemp(prefix="ringlet-flight-host-")
+    os.environ[FLIGHT_ENV] = folder
+    return folder
+
+
+def _collect_flight(store, run_id: str, node_rank: int, nnodes: int, hosts, folder, failed: bool) -> None:
+    """Deliver this host's flight records through the job's ``store`` (None: unreachable); after a
+    failure node 0 gathers and reports them."""
+    local = folder or os.environ.get(FLIGHT_ENV, "")
+    if store is None or not local:
+        return
+    world = sum(n for _, n in hosts) if hosts else 0
+    flight_collect.collect(store, run_id, node_rank, nnodes, world, local, FAILURE_LINGER, gather=failed)
 
 
 def run_torch(cfg: RunConfig) -> int:

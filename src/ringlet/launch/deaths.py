@@ -57,6 +57,16 @@ class DeathWatch:
         except Exception:  # noqa: BLE001 - the store is gone; the launcher's own report remains
             pass
 
+    def store(self):
+        """The job's store client (after :meth:`flush`, for the agent's own last words), or None when the
+        store cannot be reached."""
+        try:
+            if self._store is not None or self._connect():
+                return self._store
+        except Exception:  # noqa: BLE001 - the store is gone
+            pass
+        return None
+
     def _loop(self) -> None:
         last_read = 0.0
         while not self._stop.wait(POLL):

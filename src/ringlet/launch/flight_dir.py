@@ -3,8 +3,8 @@
 Unless ``RINGLET_FLIGHT_DIR`` is already set, ``ringlet run`` gives each job a folder of its own under the
 system temp dir and exports it to every rank. When the job succeeds the folder is removed; when it fails it
 is kept, and the launcher prints where it is and the one-sentence verdict of ``ringlet diagnose`` on it
-(:func:`ringlet.diagnose.analyse`). Jobs with ranks on other hosts (``--hosts``, ``--cluster``) leave the
-default (each rank's own temp dir): their records are not collected by the launcher yet.
+(:func:`ringlet.diagnose.analyse`). Jobs with ranks on several hosts (``--hosts``, ``--cluster``) collect
+their records through the job's store instead (:mod:`.flight_collect`).
 """
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ def with_flight_dir(env: dict, launch: Callable[[dict], int]) -> int:
     if status == 0:
         shutil.rmtree(folder, ignore_errors=True)
     else:
-        _report(folder)
+        report(folder)
     return status
 
 
-def _report(folder: str) -> None:
+def report(folder: str) -> None:
+    """Print where the job's flight records are and the one-sentence verdict on them."""
     from ..diagnose import analyse, load
 
     try:
