@@ -54,6 +54,9 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import memory
 
     decay = memory.decay_interval()  # a bad RINGLET_MALLOC_DECAY raises before anything starts
+    from .stall import StallOptions
+
+    stall_options = StallOptions.from_env()  # so does a bad RINGLET_STALL_WARN_S / _SHUTDOWN_S
     if isinstance(transport, Transport):
         tr = transport
     else:
@@ -75,6 +78,9 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import liveness
 
     rt.monitor = liveness.start(rt)  # silent peers: RINGLET_PEER_TIMEOUT (docs/reliability.md)
+    from . import stall
+
+    rt.stall = stall.start(rt, stall_options)  # long waits explained: RINGLET_STALL_WARN_S (docs/reliability.md)
     rt.heap_decay = memory.start(decay)  # memory that stayed free goes back to the OS (RINGLET_MALLOC_DECAY)
     from . import timeline
 
@@ -122,6 +128,8 @@ def shutdown() -> None:
     if rt is not None:
         collectives._set_runtime(None)
         _dump_at_exit(rt)
+        if rt.stall is not None:
+            rt.stall.stop()
         if rt.monitor is not None:
             rt.monitor.stop(clean=True)
         if rt.heap_decay is not None:
