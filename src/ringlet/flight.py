@@ -10,8 +10,9 @@ The record is written (atomically: a temporary file, then ``os.replace``) by :fu
 given, or to ``$RINGLET_FLIGHT_DIR/rank-<R>.json`` (default: ``<tmp>/ringlet-flight-<job id>``, the job
 id from ``TORCHELASTIC_RUN_ID``, else ``local``). The runtime dumps it by itself once per failure when a
 collective fails with ``PeerError``, ``CollectiveTimeout`` or ``MismatchError``, at shutdown and at
-exit; :func:`install_signal_handler` adds ``SIGUSR1`` (only from the main thread, and only when no
-other handler is installed for it). ``ringlet diagnose DIR`` reads the files.
+exit; :func:`install_signal_handler` adds ``SIGUSR1`` and ``SIGTERM`` (only from the main thread, and
+only where no other handler is installed for the signal; after its dump, SIGTERM still ends the
+process). ``ringlet diagnose DIR`` reads the files.
 """
 from __future__ import annotations
 
@@ -56,23 +57,34 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"ringlet-flight-{job}")
 
 
-_INSIDE: dict = {}  # code object -> whether it belongs to the ringlet package (a few hundred at most)
+_INSIDE: dict = {}  # code object -> whether it belongs to ringlet or torch (a few hundred at most)
 
 
-def call_site(depth: int = 2, limit: int = 16) -> tuple[str, int] | None:
-    """``(file, line)`` of the first frame outside the ringlet package, ``depth`` frames above the caller."""
+def _library_dirs() -> tuple[str, ...]:
+    """The folders whose frames are not the user's: ringlet's, and torch's (autograd runs DDP's hooks
+    from ``backward()``)."""
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    return (_PACKAGE_DIR,) if not path else (_PACKAGE_DIR, os.path.dirname(os.path.abspath(path)) + os.sep)
+
+
+def call_site(depth: int = 2, limit: int = 24) -> tuple[str, int] | None:
+    """``(file, line)`` of the first frame outside the ringlet and torch packages, ``depth`` frames
+    above the caller."""
     try:
         f = sys._getframe(depth)
     except ValueError:
         return None
     inside = _INSIDE
+    dirs = None
     for _ in range(limit):
         if f is None:
             return None
         code = f.f_code
         ins = inside.get(code)
         if ins is None:
-            ins = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+            dirs = dirs or _library_dirs()
+            ins = inside[code] = code.co_filename.startswith(dirs)
         if not ins:
             return code.co_filename, f.f_lineno
         f = f.f_back
@@ -135,7 +147,7 @@ class FlightRecorder:
         self.records: collections.deque = collections.deque(maxlen=max(self.size, 1))
         self.hostname = socket.gethostname()
         self.failure: str | None = None  # the first failed collective's error (dumped once, kept in later dumps)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal's dump may interrupt a snapshot on the same thread
 
     @property
     def enabled(self) -> bool:
@@ -202,18 +214,28 @@ def finished(rec: Record, error: BaseException | None = None) -> None:
 
 
 def install_signal_handler(get_recorder) -> bool:
-    """Dump ``get_recorder()``'s record on SIGUSR1. Installed only from the main thread and only when
-    SIGUSR1 has its default handler (a program's own handler is never replaced); returns whether it was."""
-    sig = getattr(signal, "SIGUSR1", None)
-    if sig is None or threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+    """Dump ``get_recorder()``'s record on SIGUSR1, and on SIGTERM before dying of it as before (a
+    launcher stops the other ranks of a failed job with SIGTERM: their records say where they were).
+    Installed only from the main thread and only for a signal that has its default handler (a program's
+    own handler is never replaced); returns whether the SIGUSR1 handler was."""
+    if threading.current_thread() is not threading.main_thread():
         return False
 
     def handler(signum, frame):
         rec = get_recorder()
         if rec is not None and rec.enabled:
-            rec.dump(reason="SIGUSR1")
+            try:
+                rec.dump(reason=signal.Signals(signum).name)
+            except OSError:
+                pass
+        if signum == getattr(signal, "SIGTERM", None):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
-    signal.signal(sig, handler)
-    return True
+    installed = False
+    for name in ("SIGTERM", "SIGUSR1"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, handler)
+            installed = installed or name == "SIGUSR1"
+    return installed

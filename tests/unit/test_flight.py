@@ -136,11 +136,17 @@ def test_shutdown_dumps(tmp_path, monkeypatch):
 def test_signal_handler_respects_existing_handler():
     import signal
 
-    prev = signal.getsignal(signal.SIGUSR1)
+    prev = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        signal.signal(signal.SIGUSR1, lambda *a: None)
+        own = lambda *a: None  # noqa: E731
+        signal.signal(signal.SIGUSR1, own)
+        signal.signal(signal.SIGTERM, own)
         assert flight.install_signal_handler(lambda: None) is False
+        assert signal.getsignal(signal.SIGTERM) is own
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         assert flight.install_signal_handler(lambda: None) is True
+        assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL
     finally:
-        signal.signal(signal.SIGUSR1, prev)
+        for s, h in prev.items():
+            signal.signal(s, h)
