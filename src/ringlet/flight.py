@@ -135,7 +135,10 @@ class Record:
 
 def _kind_of(op: Any) -> str:
     kind = getattr(op, "kind", None)
-    return kind.name.lower() if kind is not None else type(op).__name__
+    if kind is None:
+        return type(op).__name__
+    name = kind.name.lower()
+    return "reduce_scatter" if name == "reducescatter" else name
 
 
 class FlightRecorder:

@@ -279,3 +279,26 @@ def test_a_late_rank_is_named_by_the_waiting_ones():
 def test_without_a_store_the_rank_reports_its_own_wait():
     reports = _late_rank_two(None)[0][0]
     assert reports and "which ranks have not arrived is unknown" in reports[0]
+
+
+def test_front_ends_reach_the_recorder_the_inspector_reads():
+    """DDP's and the hooks' single collectives (Comm on the core queue) and ZeRO's flat-buffer ops are
+    queued through Runtime.submit_op, so the flight recorder (and the inspector) see them."""
+    from ringlet.torch.comm import Comm
+    from ringlet.types import ReduceOp
+
+    def body(rank):
+        rt = collectives.runtime()
+        comm = Comm(None)
+        seen = []
+        for run in (lambda: comm.allreduce_(torch.ones(6), ReduceOp.SUM, "b0").wait(),
+                    lambda: comm.reduce_scatter_flat_(torch.ones(6), [3, 3], ReduceOp.AVG, "z").wait(),
+                    lambda: comm.allgather_flat_(torch.ones(6), [3, 3], "z").wait()):
+            run()
+            last = stall.now_state(rt.recorder, rt.last_started(), 0.0)["last"]
+            seen.append((last[2], last[3], last[5].split(":")[0], last[1] == rt.last_started()[0]))
+        return seen
+
+    for seen in run_world(2, body):
+        assert seen == [("allreduce", [6], THIS_FILE, True), ("reduce_scatter", [6], THIS_FILE, True),
+                        ("allgather", [6], THIS_FILE, True)]
