@@ -302,3 +302,11 @@ def test_front_ends_reach_the_recorder_the_inspector_reads():
     for seen in run_world(2, body):
         assert seen == [("allreduce", [6], THIS_FILE, True), ("reduce_scatter", [6], THIS_FILE, True),
                         ("allgather", [6], THIS_FILE, True)]
+
+
+def test_init_refuses_a_bad_setting_before_starting(monkeypatch):
+    monkeypatch.setenv("RINGLET_STALL_WARN_S", "a minute")
+    assert not ringlet.is_initialized()
+    with pytest.raises(ValueError, match="RINGLET_STALL_WARN_S='a minute'"):
+        ringlet.init()
+    assert not ringlet.is_initialized()
