@@ -212,7 +212,9 @@ def report(rank: int, op: list, waited: float, peers: dict | None, groups: dict,
     if not missing:
         return (head + "; every other member has started it, so it is still running (a slow link, or a "
                        "peer blocked inside it)"), []
-    verb = "has" if len(missing) == 1 else "have"
+    if len(missing) == 1:
+        return f"{head}; rank {missing[0]} has not arrived: it {doing(peers[missing[0]], now, groups)}", missing
+    verb = "have"
     parts = [f"rank {r} {doing(peers[r], now, groups)}" for r in missing[:MAX_NAMED]]
     if len(missing) > MAX_NAMED:
         parts.append(f"and {_ranks(missing[MAX_NAMED:])}")

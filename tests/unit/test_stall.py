@@ -152,7 +152,7 @@ def test_report_names_the_ranks_that_have_not_arrived_and_backs_off(caplog):
     text = insp.reports[0]
     assert text.startswith("ringlet stall: rank 0 has waited 8.1 s in an all-reduce on the world group seq 3 "
                            "(shape [4], float32, train.py:12), started ")
-    assert "; rank 2 has not arrived: rank 2 is outside any collective since " in text
+    assert "; rank 2 has not arrived: it is outside any collective since " in text
     assert "its last was an all-reduce on the world group seq 2 (shape [4], float32, train.py:12)" in text
     assert "rank 1" not in text  # it arrived (its seq on the world group is 3)
     assert text.endswith("Next report at 16 s (RINGLET_STALL_WARN_S=8)")
@@ -237,6 +237,20 @@ def test_start_uses_the_monitor_or_a_thread_of_its_own():
     assert stall.start(FakeRuntime(size=1), stall.StallOptions(1.0)) is None
 
 
+def test_horovod_init_hands_its_settings_to_the_inspector(monkeypatch):
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "4")
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "12")
+    monkeypatch.delenv("RINGLET_STALL_WARN_S", raising=False)
+    monkeypatch.delenv("RINGLET_STALL_SHUTDOWN_S", raising=False)
+    rt = FakeRuntime()
+    stall.use_horovod_env(rt)  # no inspector: nothing to do
+    rt.stall = stall.Inspector(rt, stall.StallOptions(0.0))
+    stall.use_horovod_env(rt)
+    assert (rt.stall.options.warn, rt.stall.options.shutdown) == (4.0, 12.0)
+    assert rt.stall._thread.is_alive()  # no monitor: the inspector's own thread, now that it is on
+    rt.stall.stop()
+
+
 # ---- real in-process waits ------------------------------------------------------------------------------
 def _late_rank_two(store):
     """Rank 2 makes its all-reduce 0.8 s late; rank 0's inspector ticks meanwhile. Returns its reports."""
@@ -270,7 +284,7 @@ def test_a_late_rank_is_named_by_the_waiting_ones():
     reports, state = results[0]
     assert reports, "rank 0 did not report its wait"
     assert "in an all-reduce on the world group seq" in reports[0]
-    assert "rank 2 has not arrived: rank 2 is outside any collective since " in reports[0]
+    assert "rank 2 has not arrived: it is outside any collective since " in reports[0]
     assert f"{THIS_FILE}:" in reports[0]
     assert results[2][0] == []  # rank 2 never waited
     assert state["in"] is None and state["last"][2] == "allreduce" and state["out"] == state["last"][6]
