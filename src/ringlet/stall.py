@@ -242,7 +242,7 @@ class Inspector:
         self.clock = clock
         self.started = time.time()
         self.reports: list[str] = []  # the texts logged, newest last (the last few)
-        self._rec = None  # the running record the back-off belongs to
+        self._rec = None  # (running record, options) the back-off belongs to
         self._next = 0.0  # seconds of waiting at which the next report is due
         self._gave_up = False
         self._stop = threading.Event()
@@ -271,8 +271,8 @@ class Inspector:
         if rec is None or rec.m_start is None:
             self._rec = None
             return
-        if rec is not self._rec:
-            self._rec, self._next, self._gave_up = rec, opts.warn, False
+        if self._rec != (rec, opts):  # a new collective, or new limits: the back-off starts over
+            self._rec, self._next, self._gave_up = (rec, opts), opts.warn, False
         waited = self.clock() - rec.m_start
         due_warn = opts.warn > 0 and waited >= self._next
         due_stop = opts.shutdown > 0 and waited >= opts.shutdown and not self._gave_up
@@ -284,11 +284,11 @@ class Inspector:
             others = [r for r in rec.ranks if r != self.rt.rank]
             peers = {r: _decode(raw) for r, raw in view.read(ENTRY, others).items()}
         text, missing = report(self.rt.rank, op, waited, peers, self.groups(), time.time())
+        while opts.warn > 0 and self._next <= waited:
+            self._next *= 2
         if due_stop:
             self._give_up(text, missing)
-        elif due_warn:
-            while self._next <= waited:
-                self._next *= 2
+        else:
             self._log(f"{text}. Next report at {_secs(self._next)} ({opts.warn_var}={opts.warn:g})")
 
     def _log(self, text: str, level: int = logging.WARNING) -> None:

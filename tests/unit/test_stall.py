@@ -205,7 +205,16 @@ def test_giving_up_aborts_the_transport_once_naming_the_missing_rank(caplog):
     assert "rank 2 has not arrived" in str(err)
     assert str(err).endswith("Giving up after 20 s (RINGLET_STALL_SHUTDOWN_S): its pending collectives fail")
     levels = [r.levelname for r in caplog.records if r.name == "ringlet"]
-    assert levels == ["WARNING", "ERROR", "WARNING"]  # 10 s: warned; 20 s: gave up; 30 s: next report
+    assert levels == ["WARNING", "ERROR"]  # 10 s: warned; 20 s: gave up (the report due at 16 s with it)
+    clock.t += 10.0
+    insp.tick(view)
+    assert len(insp.reports) == 3 and len(rt.transport.aborted) == 1  # 40 s: the report due at 32 s
+    assert insp.reports[-1].endswith("Next report at 64 s (RINGLET_STALL_WARN_S=8)")
+    insp.options = stall.StallOptions(0.0)
+    insp.tick(view)
+    insp.options = stall.StallOptions(1.0)  # new limits while the same collective waits
+    insp.tick(view)
+    assert len(insp.reports) == 4 and insp.reports[-1].endswith("Next report at 64 s (RINGLET_STALL_WARN_S=1)")
 
 
 def test_off_means_no_report_and_no_abort():
