@@ -150,7 +150,7 @@ class FlightRecorder:
         self.records: collections.deque = collections.deque(maxlen=max(self.size, 1))
         self.hostname = socket.gethostname()
         self.failure: str | None = None  # the first failed collective's error (dumped once, kept in later dumps)
-        self._lock = threading.RLock()  # a signal's dump may interrupt a snapshot on the same thread
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -226,7 +226,9 @@ def install_signal_handler(get_recorder) -> bool:
 
     def handler(signum, frame):
         rec = get_recorder()
-        if rec is not None and rec.enabled:
+        # The lock is free unless this thread was interrupted in a snapshot (then it is writing one).
+        if rec is not None and rec.enabled and rec._lock.acquire(timeout=1.0):
+            rec._lock.release()
             try:
                 rec.dump(reason=signal.Signals(signum).name)
             except OSError:
