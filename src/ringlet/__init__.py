@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 
-from . import algorithms
+from . import algorithms, flight, stall
 from .elastic import rendezvous as _elastic
 from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                           allreduce_async_, alltoall, alltoall_async, barrier, barrier_async, broadcast,
@@ -54,6 +54,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import memory
 
     decay = memory.decay_interval()  # a bad RINGLET_MALLOC_DECAY raises before anything starts
+    stall_options = stall.StallOptions.from_env()  # so does a bad RINGLET_STALL_WARN_S / _SHUTDOWN_S
     if isinstance(transport, Transport):
         tr = transport
     else:
@@ -75,6 +76,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     from . import liveness
 
     rt.monitor = liveness.start(rt)  # silent peers: RINGLET_PEER_TIMEOUT (docs/reliability.md)
+    rt.stall = stall.start(rt, stall_options)  # long waits explained: RINGLET_STALL_WARN_S (docs/reliability.md)
     rt.heap_decay = memory.start(decay)  # memory that stayed free goes back to the OS (RINGLET_MALLOC_DECAY)
     from . import timeline
 
@@ -82,9 +84,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     if not _atexit_registered:
         atexit.register(shutdown)  # also leaves the flight record of a rank that exits without shutdown()
         _atexit_registered = True
-    from . import flight
-
-    flight.install_signal_handler(lambda: collectives._runtime and collectives._runtime.recorder)  # SIGUSR1
+    flight.install_signal_handler(lambda: collectives._runtime and collectives._runtime.recorder)  # USR1, TERM
     return rt
 
 
@@ -122,6 +122,8 @@ def shutdown() -> None:
     if rt is not None:
         collectives._set_runtime(None)
         _dump_at_exit(rt)
+        if rt.stall is not None:
+            rt.stall.stop()
         if rt.monitor is not None:
             rt.monitor.stop(clean=True)
         if rt.heap_decay is not None:

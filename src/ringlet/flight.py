@@ -10,8 +10,9 @@ The record is written (atomically: a temporary file, then ``os.replace``) by :fu
 given, or to ``$RINGLET_FLIGHT_DIR/rank-<R>.json`` (default: ``<tmp>/ringlet-flight-<job id>``, the job
 id from ``TORCHELASTIC_RUN_ID``, else ``local``). The runtime dumps it by itself once per failure when a
 collective fails with ``PeerError``, ``CollectiveTimeout`` or ``MismatchError``, at shutdown and at
-exit; :func:`install_signal_handler` adds ``SIGUSR1`` (only from the main thread, and only when no
-other handler is installed for it). ``ringlet diagnose DIR`` reads the files.
+exit; :func:`install_signal_handler` adds ``SIGUSR1`` and ``SIGTERM`` (only from the main thread, and
+only where no other handler is installed for the signal; after its dump, SIGTERM still ends the
+process). ``ringlet diagnose DIR`` reads the files.
 """
 from __future__ import annotations
 
@@ -56,23 +57,34 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"ringlet-flight-{job}")
 
 
-_INSIDE: dict = {}  # code object -> whether it belongs to the ringlet package (a few hundred at most)
+_INSIDE: dict = {}  # code object -> whether it belongs to ringlet or torch (a few hundred at most)
 
 
-def call_site(depth: int = 2, limit: int = 16) -> tuple[str, int] | None:
-    """``(file, line)`` of the first frame outside the ringlet package, ``depth`` frames above the caller."""
+def _library_dirs() -> tuple[str, ...]:
+    """The folders whose frames are not the user's: ringlet's, and torch's (autograd runs DDP's hooks
+    from ``backward()``)."""
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    return (_PACKAGE_DIR,) if not path else (_PACKAGE_DIR, os.path.dirname(os.path.abspath(path)) + os.sep)
+
+
+def call_site(depth: int = 2, limit: int = 24) -> tuple[str, int] | None:
+    """``(file, line)`` of the first frame outside the ringlet and torch packages, ``depth`` frames
+    above the caller."""
     try:
         f = sys._getframe(depth)
     except ValueError:
         return None
     inside = _INSIDE
+    dirs = None
     for _ in range(limit):
         if f is None:
             return None
         code = f.f_code
         ins = inside.get(code)
         if ins is None:
-            ins = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+            dirs = dirs or _library_dirs()
+            ins = inside[code] = code.co_filename.startswith(dirs)
         if not ins:
             return code.co_filename, f.f_lineno
         f = f.f_back
@@ -90,12 +102,13 @@ _monotonic = time.monotonic
 _DESC: dict = {}  # request class -> (kind or None when the request carries it, tensor attribute or None)
 
 
-def _describe(cls: type) -> tuple:
-    """``(kind or None when the request carries it, tensor attribute, has compression, has algorithm)``
-    of request class ``cls``, worked out once per class."""
-    fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "__slots__", ())
-    attr = "buf" if "buf" in fields else "tensor" if "tensor" in fields else None
-    d = _DESC[cls] = (_KINDS.get(cls.__name__), attr, "compressed" in fields, "algorithm" in fields)
+def _describe(op: Any) -> tuple:
+    """``(kind or None when the request carries it, tensor attribute, has compression, has algorithm,
+    has a name)`` of request ``op``'s class, worked out once per class (a request class's instances
+    share attributes)."""
+    attr = "buf" if hasattr(op, "buf") else "tensor" if hasattr(op, "tensor") else None
+    d = _DESC[op.__class__] = (_KINDS.get(op.__class__.__name__), attr, hasattr(op, "compressed"),
+                               hasattr(op, "algorithm"), hasattr(op, "name"))
     return d
 
 
@@ -163,6 +176,17 @@ class FlightRecorder:
                 continue
         return []
 
+    def recent(self, n: int) -> list[Record]:
+        """The ring's last ``n`` records, oldest first (as :attr:`records`)."""
+        for _ in range(3):
+            try:
+                ring = self._ring
+                k = len(ring)
+                return [Record(ring[i]) for i in range(max(k - n, 0), k)]
+            except (RuntimeError, IndexError):  # the deque changed meanwhile: read again
+                continue
+        return []
+
     def enqueue(self, op: Any) -> list | None:
         """Record request ``op`` as queued, with the user's call site; the ring entry, or None when off.
         Called by the runtime only (the call site is looked for two frames above this one)."""
@@ -173,11 +197,11 @@ class FlightRecorder:
         except ValueError:  # called from the top of a stack: no user frame above
             f = None
         inside = _INSIDE
-        for _ in range(16 if f is not None else 0):
+        for _ in range(24 if f is not None else 0):
             code = f.f_code
             ins = inside.get(code)
             if ins is None:
-                ins = inside[code] = code.co_filename.startswith(_PACKAGE_DIR)
+                ins = inside[code] = code.co_filename.startswith(_library_dirs())
             if not ins:
                 break
             f = f.f_back
@@ -187,14 +211,15 @@ class FlightRecorder:
         else:
             code = None
         cls = op.__class__
-        kind, attr, has_spec, has_algo = _DESC.get(cls) or _describe(cls)
+        kind, attr, has_spec, has_algo, has_name = _DESC.get(cls) or _describe(op)
         if attr is None:
             shape = dtype = None
         else:
             t = getattr(op, attr)
             shape, dtype = t.shape, t.dtype
         spec = op.compressed if has_spec else None
-        e = [op.group, kind or _kind_of(op), shape, dtype, "" if spec is None else spec.name,
+        name = spec.name if spec is not None else op.name if has_name else ""
+        e = [op.group, kind or _kind_of(op), shape, dtype, name,
              op.algorithm if has_algo else "", code, f.f_lineno if code is not None else 0, _monotonic(),
              None, None, None, None]
         self._ring.append(e)
@@ -255,7 +280,10 @@ class FlightRecorder:
 
 def _kind_of(op: Any) -> str:
     kind = getattr(op, "kind", None)
-    return kind.name.lower() if kind is not None else type(op).__name__
+    if kind is None:
+        return type(op).__name__
+    name = kind.name.lower()
+    return "reduce_scatter" if name == "reducescatter" else name
 
 
 def failed(entry: list, error: BaseException) -> None:
@@ -265,18 +293,28 @@ def failed(entry: list, error: BaseException) -> None:
 
 
 def install_signal_handler(get_recorder) -> bool:
-    """Dump ``get_recorder()``'s record on SIGUSR1. Installed only from the main thread and only when
-    SIGUSR1 has its default handler (a program's own handler is never replaced); returns whether it was."""
-    sig = getattr(signal, "SIGUSR1", None)
-    if sig is None or threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+    """Dump ``get_recorder()``'s record on SIGUSR1, and on SIGTERM before dying of it as before (a
+    launcher stops the other ranks of a failed job with SIGTERM: their records say where they were).
+    Installed only from the main thread and only for a signal that has its default handler (a program's
+    own handler is never replaced); returns whether the SIGUSR1 handler was."""
+    if threading.current_thread() is not threading.main_thread():
         return False
 
     def handler(signum, frame):
         rec = get_recorder()
         if rec is not None and rec.enabled:
-            rec.dump(reason="SIGUSR1")
+            try:
+                rec.dump(reason=signal.Signals(signum).name)
+            except OSError:
+                pass
+        if signum == getattr(signal, "SIGTERM", None):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
-    signal.signal(sig, handler)
-    return True
+    installed = False
+    for name in ("SIGTERM", "SIGUSR1"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, handler)
+            installed = installed or name == "SIGUSR1"
+    return installed

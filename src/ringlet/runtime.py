@@ -130,6 +130,8 @@ class Runtime:
         self.monitor = None
         # The heap decay thread (ringlet.memory), set by ringlet.init; None when off.
         self.heap_decay = None
+        # The stall inspector (ringlet.stall), set by ringlet.init; None for a world of one.
+        self.stall = None
         # The flight recorder (ringlet.flight): the last collectives queued through submit_op.
         self.recorder = flight.FlightRecorder(self.rank, self.size)
 
@@ -207,6 +209,11 @@ class Runtime:
         seq = self._seq[group.id]
         self._seq[group.id] = seq + 1
         return tag_base(group.tag_slot, seq)
+
+    def last_started(self) -> dict[int, int]:
+        """Group id -> sequence number of the last collective started on it, whichever path took its
+        channel (any thread may call it)."""
+        return {g: n - 1 for g, n in dict(self._seq).items()}
 
     def channel(self, group: Group, workspace: dict | None = None) -> Channel:
         """The channel of the next op on ``group`` (takes its tag: call in execution order). ``workspace``:

@@ -136,14 +136,40 @@ def test_shutdown_dumps(tmp_path, monkeypatch):
 def test_signal_handler_respects_existing_handler():
     import signal
 
-    prev = signal.getsignal(signal.SIGUSR1)
+    prev = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        signal.signal(signal.SIGUSR1, lambda *a: None)
+        own = lambda *a: None  # noqa: E731
+        signal.signal(signal.SIGUSR1, own)
+        signal.signal(signal.SIGTERM, own)
         assert flight.install_signal_handler(lambda: None) is False
+        assert signal.getsignal(signal.SIGTERM) is own
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         assert flight.install_signal_handler(lambda: None) is True
+        assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL
     finally:
-        signal.signal(signal.SIGUSR1, prev)
+        for s, h in prev.items():
+            signal.signal(s, h)
+
+
+def test_sigterm_dumps_then_ends_the_process(tmp_path):
+    """A launcher stops the other ranks of a failed job with SIGTERM: the record is written, and the
+    process still dies of the signal."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time\n"
+            "from ringlet import flight\n"
+            "rec = flight.FlightRecorder(1, 2, size=10)\n"
+            "assert flight.install_signal_handler(lambda: rec)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    env = {**os.environ, "RINGLET_FLIGHT_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == -signal.SIGTERM, res.stderr
+    d = json.loads((tmp_path / "rank-1.json").read_text())
+    assert (d["rank"], d["reason"]) == (1, "SIGTERM")
 
 
 def test_front_ends_that_run_the_engine_themselves_are_recorded():

@@ -102,6 +102,9 @@ def init(comm=None, process_sets=None) -> None:
     global _atexit_registered
     if comm is not None and not isinstance(comm, (list, tuple)) and not hasattr(comm, "Get_rank"):
         raise ValueError("comm must be an mpi4py communicator or a list of ranks.")
+    from ringlet import stall
+
+    stall_options = stall.StallOptions.from_env(horovod=True)  # a bad HOROVOD_STALL_* raises here
     with _state.lock:
         if _ctx_or_none() is not None:
             return
@@ -119,6 +122,8 @@ def init(comm=None, process_sets=None) -> None:
     from ringlet import timeline
 
     timeline.configure_from_env(ctx.rt.rank)
+    if ctx.owns_runtime:  # HOROVOD_STALL_* where RINGLET_STALL_* are not given, for the runtime it started
+        stall.use_horovod_env(ctx.rt, stall_options)
     ctx.coordinator.start()
     if process_sets is not None and process_sets != "dynamic":
         for ps in process_sets:

@@ -194,16 +194,14 @@ class Comm:
         red = reduction(op)
         self._check_flat(flat, counts)
 
-        def job():
-            with self._channel("reduce_scatter", flat, name) as ch:
-                if check:
-                    _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, pre=prescale,
-                                              post=postscale))
-                _ops.scale_(flat, prescale)
-                block = _ops.reduce_scatter_(ch, flat, counts, red)
-                return _ops.finish_(block, red, ch.size, postscale)
+        def job(ch):
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, pre=prescale, post=postscale))
+            _ops.scale_(flat, prescale)
+            block = _ops.reduce_scatter_(ch, flat, counts, red)
+            return _ops.finish_(block, red, ch.size, postscale)
 
-        return self.submit(job)
+        return self._submit_flat(_Kind.REDUCESCATTER, flat, name, job)
 
     def allgather_flat_(self, flat: torch.Tensor, counts: Sequence[int], name: str, *, check: bool = False,
                         algorithm: str = "ring") -> CommFuture:
@@ -213,14 +211,13 @@ class Comm:
         ``"ring"``, ``"direct"`` or ``"auto"`` (the installed cost model's choice, else the ring)."""
         self._check_flat(flat, counts)
 
-        def job():
-            with self._channel("allgather", flat, name) as ch:
-                if check:
-                    _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
-                _ops.allgather_(ch, flat, counts, algorithm)
+        def job(ch):
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.ALLGATHER, flat))
+            _ops.allgather_(ch, flat, counts, algorithm)
             return flat
 
-        return self.submit(job)
+        return self._submit_flat(_Kind.ALLGATHER, flat, name, job)
 
     def reduce_scatter_compressed_flat_(self, flat: torch.Tensor, counts: Sequence[int], compressor,
                                         state: dict | None, op: ReduceOp, name: str, *,
@@ -248,16 +245,15 @@ class Comm:
         comp = _compression.get(compressor)
         _crs.check_compressor(comp)
 
-        def job():
-            with self._channel("reduce_scatter", flat, name) as ch:
-                if check:
-                    _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, splits=tuple(counts),
-                                              compression=_crs.describe(comp, counts)))
-                start = sum(counts[:ch.rank])
-                own = flat[start:start + counts[ch.rank]]
-                return own.copy_(_crs.compressed_reduce_scatter_(ch, flat, counts, comp, state, red.averages))
+        def job(ch):
+            if check:
+                _agree.agree(ch, _Meta.of(name, _Kind.REDUCESCATTER, flat, op=red.op, splits=tuple(counts),
+                                          compression=_crs.describe(comp, counts)))
+            start = sum(counts[:ch.rank])
+            own = flat[start:start + counts[ch.rank]]
+            return own.copy_(_crs.compressed_reduce_scatter_(ch, flat, counts, comp, state, red.averages))
 
-        return self.submit(job)
+        return self._submit_flat(_Kind.REDUCESCATTER, flat, name, job)
 
     def _check_flat(self, flat: torch.Tensor, counts: Sequence[int]) -> None:
         if flat.dim() != 1 or not flat.is_contiguous():
@@ -265,10 +261,13 @@ class Comm:
         if len(counts) != self.size or sum(counts) != flat.numel() or min(counts, default=0) < 0:
             raise ValueError(f"counts {list(counts)} do not cut {flat.numel()} elements into {self.size} blocks")
 
-    def _channel(self, kind: str, flat: torch.Tensor, name: str):
-        """The channel of the next op on the group, the op in the flight recorder (a context manager)."""
+    def _submit_flat(self, kind: _Kind, flat: torch.Tensor, name: str, job: Callable) -> CommFuture:
+        """Queue ``job(channel)``, one collective on this group, through the runtime's ``submit_op``:
+        in order on the core queue, and recorded (flight recorder, stall inspector) as ``kind`` on ``flat``
+        under ``name``."""
         rt = _core.runtime()
-        return rt.recorded(self.group if self.group is not None else rt.world, kind, flat, name)
+        group = self.group if self.group is not None else rt.world
+        return _from_work(rt.submit_op(_FlatOp(group, kind, flat, name, job), sync=False))
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:
@@ -282,6 +281,19 @@ class Comm:
                 return fn()
 
         return _from_work(rt.submit(job, sync=False))
+
+
+class _FlatOp:
+    """A flat-buffer collective as an engine request (``group``, ``run(channel)``; ``kind``, ``buf`` and
+    ``name`` for its flight record)."""
+
+    __slots__ = ("group", "kind", "buf", "name", "_job")
+
+    def __init__(self, group: Group, kind: _Kind, buf: torch.Tensor, name: str, job: Callable) -> None:
+        self.group, self.kind, self.buf, self.name, self._job = group, kind, buf, name, job
+
+    def run(self, channel) -> Any:
+        return self._job(channel)
 
 
 def ensure_initialized() -> None:
