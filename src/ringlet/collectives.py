@@ -113,7 +113,7 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
         _check_compressed(tensor, red, compressed)
     buf = tensor if inplace else tensor.clone()
     return rt.submit_op(AllreduceRequest(g, buf, red, algo, prescale_factor, postscale_factor, check, compressed),
-                        sync=sync)
+                        sync=sync, library_frames=1)
 
 
 def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
@@ -199,7 +199,7 @@ def _rooted_submit(tensor, root_rank, group, kind: Kind, op, *, inplace, sync) -
     root_g = _check_root(g, root_rank)
     red = reduction(op)
     buf = tensor if inplace else tensor.clone()
-    return rt.submit_op(RootedRequest(g, buf, kind, root_g, red, rt.options.check), sync=sync)
+    return rt.submit_op(RootedRequest(g, buf, kind, root_g, red, rt.options.check), sync=sync, library_frames=1)
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, group: Group | None = None) -> torch.Tensor:
@@ -252,7 +252,8 @@ def _allgather_submit(tensor: torch.Tensor, group, algorithm: str, sizes, check:
                              f"({own}) at position {grank}; got {list(sizes)}")
     check = rt.options.check if check is None else bool(check)
     src = tensor if sync else tensor.clone()  # an async caller may change its tensor before the job runs
-    return rt.submit_op(AllgatherRequest(g, src, algorithm, sizes, check, rt.options.check), sync=sync)
+    return rt.submit_op(AllgatherRequest(g, src, algorithm, sizes, check, rt.options.check), sync=sync,
+                        library_frames=1)
 
 
 def allgather_async(tensor: torch.Tensor, group: Group | None = None, algorithm: str = "ring", *,
@@ -289,7 +290,8 @@ def _reduce_scatter_submit(tensor, op, group, pre, post, sync) -> Work:
     red = reduction(op)
     g = _group(rt, group)
     buf = tensor.clone()
-    return rt.submit_op(ReduceScatterRequest(g, buf, red, pre, post, rt.options.check), sync=sync)
+    return rt.submit_op(ReduceScatterRequest(g, buf, red, pre, post, rt.options.check), sync=sync,
+                        library_frames=1)
 
 
 def reduce_scatter(tensor: torch.Tensor, op=ReduceOp.SUM, group: Group | None = None,

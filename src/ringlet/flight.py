@@ -187,13 +187,14 @@ class FlightRecorder:
                 continue
         return []
 
-    def enqueue(self, op: Any) -> list | None:
+    def enqueue(self, op: Any, skip: int = 0) -> list | None:
         """Record request ``op`` as queued, with the user's call site; the ring entry, or None when off.
-        Called by the runtime only (the call site is looked for two frames above this one)."""
+        Called by the runtime only: the call site is looked for from ``skip`` frames above the runtime's
+        caller (frames skipped that way cost nothing; each frame looked at costs Python a frame object)."""
         if self.size <= 0:
             return None
         try:
-            f = sys._getframe(2)
+            f = sys._getframe(2 + skip)
         except ValueError:  # called from the top of a stack: no user frame above
             f = None
         inside = _INSIDE

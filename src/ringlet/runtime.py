@@ -245,13 +245,15 @@ class Runtime:
                 work._run(fn, self._name_failure)
         return work
 
-    def submit_op(self, op, *, sync: bool) -> Work:
+    def submit_op(self, op, *, sync: bool, library_frames: int = 0) -> Work:
         """Queue ``op`` as :meth:`submit` queues a function: an engine request with a ``group`` and a
         ``run(channel)`` method (:mod:`ringlet.engine.requests`). When its turn comes, the runtime takes
         the channel of ``op.group`` for it (in execution order, so the tags agree on every member) and
         runs ``op.run(channel)``; the handle gives its result. The request never calls back into the
-        runtime: everything it needs from it is the channel."""
-        rec = self.recorder.enqueue(op)
+        runtime: everything it needs from it is the channel. ``library_frames``: how many frames above
+        the caller are ringlet's on every path (the flight recorder's search for the user's call site
+        starts above them)."""
+        rec = self.recorder.enqueue(op, library_frames)
         return self.submit(functools.partial(self._run_op, op, rec), sync=sync)
 
     def _run_op(self, op, rec=None) -> Any:

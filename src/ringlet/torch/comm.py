@@ -267,7 +267,7 @@ class Comm:
         under ``name``."""
         rt = _core.runtime()
         group = self.group if self.group is not None else rt.world
-        return _from_work(rt.submit_op(_FlatOp(group, kind, flat, name, job), sync=False))
+        return _from_work(rt.submit_op(_FlatOp(group, kind, flat, name, job), sync=False, library_frames=1))
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def submit(self, fn: Callable[[], Any], timed: bool = False) -> CommFuture:
