@@ -100,7 +100,8 @@ def _check_compressed(tensor: torch.Tensor, red: Reduction, spec: Compressed) ->
 
 
 def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, *, inplace, sync,
-                      check: bool | None = None, compressed: Compressed | None = None) -> Work:
+                      check: bool | None = None, compressed: Compressed | None = None,
+                      library_frames: int = 1) -> Work:
     rt = runtime()
     check = rt.options.check if check is None else bool(check)
     _check_tensor(tensor)
@@ -113,7 +114,7 @@ def _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_f
         _check_compressed(tensor, red, compressed)
     buf = tensor if inplace else tensor.clone()
     return rt.submit_op(AllreduceRequest(g, buf, red, algo, prescale_factor, postscale_factor, check, compressed),
-                        sync=sync, library_frames=1)
+                        sync=sync, library_frames=library_frames)
 
 
 def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_factor, check, compression,
@@ -124,7 +125,7 @@ def _allreduce_call(tensor, op, algorithm, group, prescale_factor, postscale_fac
     compressed = None if compression is None else Compressed.of(compression, compression_state,
                                                                 getattr(tensor, "shape", ()))
     return _allreduce_submit(tensor, op, algorithm, group, prescale_factor, postscale_factor, inplace=inplace,
-                             sync=sync, check=check, compressed=compressed)
+                             sync=sync, check=check, compressed=compressed, library_frames=2)
 
 
 def allreduce(tensor: torch.Tensor, op=ReduceOp.SUM, algorithm: str = "auto", group: Group | None = None,
