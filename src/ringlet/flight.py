@@ -86,7 +86,8 @@ def _site_text(site: tuple[str, int] | None) -> str:
 class Record:
     """One collective as this rank saw it, kept cheap: the monotonic times (``time.monotonic``; the dump
     adds the wall clock's offset), ``dtype`` as the torch dtype, the shape as its ``torch.Size`` (no
-    reference to the tensor); ``seq`` is None until it starts; ``site``: (file, line) of the user's call."""
+    reference to the tensor); ``seq`` is None until it starts; ``site``: (file, line) of the user's call;
+    ``algorithm``: the one requested, replaced by the one that ran once an all-reduce is done."""
 
     __slots__ = ("group", "ranks", "seq", "kind", "name", "shape", "dtype", "algorithm", "site", "state",
                  "error", "error_type", "peer", "m_enqueue", "m_start", "m_end")
@@ -135,6 +136,7 @@ class FlightRecorder:
         self.records: collections.deque = collections.deque(maxlen=max(self.size, 1))
         self.hostname = socket.gethostname()
         self.failure: str | None = None  # the first failed collective's error (dumped once, kept in later dumps)
+        self.appended = 0  # records ever appended (raised after each append): readers count what the ring lost
         self._lock = threading.Lock()
 
     @property
@@ -147,6 +149,7 @@ class FlightRecorder:
             return None
         rec = Record(op, call_site(3))
         self.records.append(rec)
+        self.appended += 1
         return rec
 
     def snapshot(self, reason: str, tail: int | None = None) -> dict:

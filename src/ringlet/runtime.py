@@ -255,6 +255,9 @@ class Runtime:
                 self._dump_failure(exc)
             raise
         flight.finished(rec)
+        ran = getattr(op, "ran", None)
+        if ran:  # an all-reduce names what ran (the record had what was asked: often "auto")
+            rec.algorithm = ran
         return result
 
     def _dump_failure(self, exc: BaseException) -> None:

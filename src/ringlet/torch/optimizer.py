@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 
 import torch
 
 from ringlet import collectives as _core
+from ringlet import steps as step_clock
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
@@ -209,10 +211,12 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
+        t_wait = time.monotonic()
         try:
             self._ordered.finish(self._dense_grad)
             self._resparsify()
         finally:
+            step_clock.waited(time.monotonic() - t_wait)
             self._end_step()
         self._synchronized = True
 
@@ -247,6 +251,7 @@ class _DistributedOptimizer:
         self._hook_span = None
         out = super().step(closure)
         timeline.mark_step()
+        step_clock.mark()
         return out
 
     def zero_grad(self, *args, **kwargs):

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Sequence
 
 import torch
 
+from ringlet import steps as step_clock
 from ..launch_bounded import BoundedLaunch
 from ..reducer import BucketReducer
 from .layout import Layout
@@ -194,7 +196,11 @@ class StreamedGradients:
         with self._lock:
             try:
                 self._bucket_reducer.complete()
-                self._bucket_reducer.wait()
+                t_wait = time.monotonic()
+                try:
+                    self._bucket_reducer.wait()
+                finally:
+                    step_clock.waited(time.monotonic() - t_wait)
                 self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False
