@@ -94,7 +94,9 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
     )
     rdzv_store.endpoint = None
     deaths = DeathWatch(run_dir, run_id, lambda: rdzv_store.endpoint).start()
+    host_metrics = None
     try:
+        host_metrics = _host_metrics(cfg, run_dir)
         with HoldStore():
             elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
         return 0
@@ -111,10 +113,29 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
         return 128 + int(exc.sigval)
     finally:
         deaths.stop()
+        if host_metrics is not None:
+            host_metrics.close()
         rdzv_store.hosted = None
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _host_metrics(cfg: RunConfig, run_dir: str):
+    """The host's metrics endpoint on ``cfg.metrics_port`` over this agent's ranks (they advertise their own
+    endpoints in ``run_dir/metrics``, exported to them as RINGLET_METRICS_DIR), or None without one."""
+    if cfg.metrics_port is None:
+        return None
+    from ..metrics.host import HostEndpoint
+
+    folder = os.path.join(run_dir, "metrics")
+    try:
+        endpoint = HostEndpoint(folder, cfg.metrics_port)
+    except OSError as exc:
+        raise LaunchError(str(exc)) from None
+    os.environ["RINGLET_METRICS_DIR"] = folder
+    say(f"metrics of this host's ranks on port {endpoint.port} (/metrics)")
+    return endpoint
 
 
 def run_torch(cfg: RunConfig) -> int:
@@ -153,12 +174,16 @@ def run_multi_host(cfg: RunConfig, hosts) -> int:
     for i, (host, _) in enumerate(hosts):
         argv = [sys.executable, "-m", "ringlet.cli.main", "run", "--transport", cfg.transport,
                 "--hosts", hosts_spec(hosts), "--node-rank", str(i), "--rdzv-endpoint", endpoint,
-                "--run-id", run_id, "--", *cfg.command]
+                "--run-id", run_id, *_metrics_args(cfg), "--", *cfg.command]
         if is_local_host(host):
             procs.append(subprocess.Popen(argv, env={**os.environ, **fwd_env, SECRET_ENV: secret}))
         else:
             procs.append(_start_remote(cfg.rsh, host, argv, fwd_env, secret))
     return wait_all(procs)
+
+
+def _metrics_args(cfg: RunConfig) -> list[str]:
+    return [] if cfg.metrics_port is None else ["--metrics-port", str(cfg.metrics_port)]
 
 
 def _start_remote(rsh: str, host: str, argv: list[str], env: dict, secret: str) -> subprocess.Popen:

@@ -11,7 +11,9 @@ the running total is right again at the next scrape). A record still queued or r
 it and the ones after it come in a later one (collectives finish in the order they were queued).
 
 :class:`Totals` adds taken records to cumulative counts per (op, algorithm), errors per (op, error type)
-and a latency histogram per op (start to end, seconds, :data:`BUCKETS`).
+and a latency histogram per op (start to end, seconds, :data:`BUCKETS`). The algorithm is the one that
+ran for an all-reduce (``small`` for the transport's small-message path, ``compressed``), the one asked
+for otherwise (``auto`` where the engine chose), ``default`` for ops that have only one.
 """
 from __future__ import annotations
 
@@ -61,12 +63,7 @@ class Cursor:
 
     def take(self) -> Take:
         recs, appended = self._copy()
-        j = None
-        if self._last is not None:
-            try:
-                j = recs.index(self._last)  # by identity: a Record has no __eq__
-            except ValueError:
-                j = None
+        j = _find(recs, self._last)
         if j is None:  # first take, or the last record taken has left the ring
             first = max(appended - len(recs), 0)  # index of recs[0]
             dropped = max(first - (self._last_index + 1), 0)
@@ -86,6 +83,16 @@ class Cursor:
             self._last_index = first - 1
         pending = [r.m_enqueue for r in recs[start + len(new):] if r.state in _UNFINISHED]
         return Take(new, dropped, len(pending), min(pending) if pending else None)
+
+
+def _find(recs: list, rec) -> int | None:
+    """The position of ``rec`` itself in ``recs`` (by identity, whatever ``==`` says), None if absent."""
+    if rec is None:
+        return None
+    for i in range(len(recs) - 1, -1, -1):
+        if recs[i] is rec:
+            return i
+    return None
 
 
 @dataclass
@@ -119,7 +126,7 @@ class Totals:
                 errors[key] = errors.get(key, 0) + 1
                 continue
             seconds = (r.m_end - r.m_start) if r.m_start is not None and r.m_end is not None else 0.0
-            key = (kind, r.algorithm or "")
+            key = (kind, r.algorithm or "default")  # ops with one algorithm name none
             t = ops.get(key)
             if t is None:
                 t = ops[key] = OpTotals()
