@@ -1,11 +1,11 @@
 """Training steps as the front ends see them: a process-wide tally that costs a few hundred nanoseconds
 per step and that readers (:mod:`ringlet.metrics`) fold when they are asked.
 
-The training front ends call :func:`mark` once per step — DDP at the first forward of a step (as it marks
-the timeline), ``DistributedOptimizer`` and ZeRO at the end of ``step()`` — and :func:`waited` with the
-seconds the training thread spent blocked on its gradient reductions after the backward (DDP's wait for
-every bucket, ``DistributedOptimizer.synchronize``, ZeRO's end of backward): communication not hidden
-behind the backward, the *exposed* communication. :func:`switched` counts the changes the tuners make
+The training front ends call :func:`mark` once per step — DDP at the first forward of a step (as it
+marks the timeline), ``DistributedOptimizer`` and ZeRO at the end of ``step()`` — and :func:`waited` (or
+:func:`wait_for`) with the seconds the training thread spent blocked on its gradient reductions after
+the backward (DDP's wait for every bucket, ``DistributedOptimizer.synchronize``, ZeRO's end of
+backward): communication not hidden behind the backward, the *exposed* communication. :func:`switched` counts the changes the tuners make
 while training runs (an all-reduce algorithm chosen or re-chosen, a bucket size, a model's re-trial).
 
 A script with its own training loop may call :func:`mark` itself. Nothing here imports the rest of
@@ -16,8 +16,11 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from typing import Callable, TypeVar
 
-__all__ = ["StepClock", "CLOCK", "mark", "waited", "switched"]
+T = TypeVar("T")
+
+__all__ = ["StepClock", "CLOCK", "mark", "waited", "wait_for", "switched"]
 
 KEEP = 4096  # step boundaries kept for readers that fold less often than every 4096 steps
 
@@ -69,6 +72,15 @@ def mark(now: float | None = None) -> None:
 def waited(seconds: float) -> None:
     """:meth:`StepClock.waited` on the process's clock."""
     CLOCK.waited(seconds)
+
+
+def wait_for(fn: Callable[[], T]) -> T:
+    """``fn()``, its duration (also when it raises) added with :func:`waited`: a front end's wait."""
+    t0 = time.monotonic()
+    try:
+        return fn()
+    finally:
+        CLOCK.waited(time.monotonic() - t0)
 
 
 def switched(kind: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
 
 import torch
@@ -211,12 +210,10 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
-        t_wait = time.monotonic()
         try:
-            self._ordered.finish(self._dense_grad)
+            step_clock.wait_for(lambda: self._ordered.finish(self._dense_grad))
             self._resparsify()
         finally:
-            step_clock.waited(time.monotonic() - t_wait)
             self._end_step()
         self._synchronized = True
 

@@ -90,7 +90,6 @@ import contextlib
 import dataclasses
 import logging
 import threading
-import time
 from typing import Iterator
 
 import torch
@@ -432,11 +431,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         if self._adjust is not None:
             self._adjust.backward_done((t_last - t_first) * 1e-6)
         if self._overlap is None:
-            t_wait = time.monotonic()
-            try:
-                self._wait_all()
-            finally:
-                step_clock.waited(time.monotonic() - t_wait)
+            step_clock.wait_for(self._wait_all)
             if tl is not None:
                 self._launch.record(tl)
         else:

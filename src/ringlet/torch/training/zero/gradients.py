@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Sequence
 
 import torch
@@ -196,11 +195,7 @@ class StreamedGradients:
         with self._lock:
             try:
                 self._bucket_reducer.complete()
-                t_wait = time.monotonic()
-                try:
-                    self._bucket_reducer.wait()
-                finally:
-                    step_clock.waited(time.monotonic() - t_wait)
+                step_clock.wait_for(self._bucket_reducer.wait)
                 self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False
