@@ -29,18 +29,17 @@ cleanup() {
 trap cleanup EXIT
 "$R" cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5 --replace >/dev/null
 "$R" cluster status --json > "$WORK/cluster.json"
-NS0=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["hosts"][0]["name"])' "$WORK/cluster.json")
-TARGETS=$("$PY" -c 'import json, sys; print(", ".join(f"\"{h["addr"]}:{sys.argv[2]}\"" for h in json.load(open(sys.argv[1]))["hosts"]))' \
-          "$WORK/cluster.json" "$PORT")
-cat > "$WORK/prometheus.yml" <<YAML
-global:
-  scrape_interval: 2s
-  evaluation_interval: 2s
-scrape_configs:
-  - job_name: ringlet
-    static_configs:
-      - targets: [$TARGETS]
-YAML
+# h0's namespace, and the Prometheus configuration: every host's agent at its address, port $PORT
+NS0=$("$PY" - "$WORK/cluster.json" "$PORT" "$WORK/prometheus.yml" <<'PYEOF'
+import json, sys
+hosts = json.load(open(sys.argv[1]))["hosts"]
+targets = ", ".join(f'"{h["addr"]}:{sys.argv[2]}"' for h in hosts)
+with open(sys.argv[3], "w") as fh:
+    fh.write("global:\n  scrape_interval: 2s\n  evaluation_interval: 2s\nscrape_configs:\n"
+             f"  - job_name: ringlet\n    static_configs:\n      - targets: [{targets}]\n")
+print(hosts[0]["name"])
+PYEOF
+)
 ip netns exec "$NS0" prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/data" \
     --web.listen-address=127.0.0.1:9090 > "$WORK/prometheus.log" 2>&1 &
 PROM=$!
