@@ -63,7 +63,7 @@ JOB=""
   tail -n 30 "$WORK/job.log"; } > "$OUT/job.txt"
 tail -n 5 "$WORK/prometheus.log" >> "$OUT/prometheus.txt"
 [ -f "$WORK/answers.json" ] || { echo "no complete answer from Prometheus; see $OUT/job.txt" >&2; tail -5 "$WORK/query.log" >&2; exit 1; }
-cp "$WORK/answers.json" "$OUT/answers.json"
+cp "$WORK/answers.json" "$OUT/answers.json" && chmod 644 "$OUT/answers.json"
 "$PY" - "$OUT/answers.json" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))

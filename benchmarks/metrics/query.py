@@ -30,6 +30,7 @@ def queries(window: str) -> list[tuple[str, str]]:
          f'histogram_quantile(0.99, sum by (le) (rate(ringlet_collective_latency_seconds_bucket{{op="allreduce"}}[{w}])))'),
         ("bytes per second by algorithm", f"sum by (algorithm) (rate(ringlet_collective_bytes_total[{w}]))"),
         ("straggler score", "sort_desc(max by (rank, host) (ringlet_straggler_score))"),
+        ("algorithm switches", "sum by (kind) (ringlet_algorithm_switches_total)"),
         ("records the ring dropped", "sum(ringlet_flight_records_dropped_total)"),
         ("liveness", "sum by (rank) (ringlet_liveness_up)"),
     ]
