@@ -14,6 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from mp_jobs import finish_job, job_report, start_job, worker
 
 
+MOVING = ("ringlet_steps_total", "ringlet_collectives_total", "ringlet_collective_bytes_total",
+          "ringlet_collective_latency_seconds_count", "ringlet_liveness_heartbeats_total")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,15 +61,15 @@ def test_metrics_endpoint_moves_while_the_job_runs(tmp_path):
             return set(steps) == {"0", "1"} and min(steps.values()) >= 3
         first = _until(port, ranks_up, time.monotonic() + 90)
         assert ranks_up(first), first
-        second = _until(port, lambda m: min(m["ringlet_steps_total"].values()) >
-                        max(first["ringlet_steps_total"].values()), time.monotonic() + 30)
+        def moved(m):
+            return all(m.get(n, {}).get(r, -1) > first[n][r] for n in MOVING for r in ("0", "1"))
+        second = _until(port, moved, time.monotonic() + 30)
     finally:
         stop.touch()
     job = finish_job(proc, 60, t0)
     assert job.returncode == 0, job_report(job)
     assert job.stdout.count("steps ") == 2, job_report(job)
-    for name in ("ringlet_steps_total", "ringlet_collectives_total", "ringlet_collective_bytes_total",
-                 "ringlet_collective_latency_seconds_count", "ringlet_liveness_heartbeats_total"):
+    for name in MOVING:
         for r in ("0", "1"):
             assert second[name][r] > first[name][r], (name, r, first[name], second[name])
     assert second["ringlet_host_ranks"][""] == 2  # scraped (2) + unreachable (0)
