@@ -17,7 +17,8 @@ import ringlet
 from ringlet import collectives, steps
 from ringlet.launch import LaunchError
 from ringlet.launch.api import _metrics_options
-from ringlet.metrics import RankCollector, clear_straggler_scores, serve, set_straggler_score
+from ringlet.metrics import clear_straggler_scores, serve, set_straggler_score
+from ringlet.metrics.collector import RankCollector
 from ringlet.metrics.fold import BUCKETS, Cursor, Totals
 from ringlet.metrics.host import HostEndpoint, merge, read_ports
 from ringlet.metrics.serve import RankEndpoint

@@ -6,12 +6,14 @@ monitor, straggler scores from :func:`set_straggler_score`. Nothing is observed 
 
 Endpoints: per rank (``RINGLET_METRICS_PORT``, :mod:`.serve`) or one per host served by ``ringlet run
 --metrics-port``'s agent (:mod:`.host`). ``ringlet.init`` starts the rank's side (:func:`start`).
+``prometheus_client`` is imported only by those (and :mod:`.collector`): publishing a straggler score
+(:mod:`.scores`) needs nothing.
 """
 from __future__ import annotations
 
-from .collector import RankCollector, clear_straggler_scores, set_straggler_score, straggler_scores
+from .scores import clear_straggler_scores, set_straggler_score, straggler_scores
 
-__all__ = ["RankCollector", "set_straggler_score", "clear_straggler_scores", "straggler_scores", "start"]
+__all__ = ["set_straggler_score", "clear_straggler_scores", "straggler_scores", "start"]
 
 
 def start(rt):

@@ -2,9 +2,9 @@
 
 :class:`RankCollector` is a ``prometheus_client`` custom collector. At each scrape it folds the flight
 records finished since the previous one (:mod:`.fold`), the step clock (:mod:`.stepfold`), and reads the
-liveness monitor and the straggler scores set with :func:`set_straggler_score`. Every sample carries
-the ``rank`` label of the rank that measured it, except the straggler scores, whose ``rank`` and
-``host`` are those of the rank scored. docs/metrics.md lists the metrics.
+liveness monitor and the straggler scores (:func:`ringlet.metrics.set_straggler_score`). Every sample carries
+the ``rank`` label of the rank that measured it, except the straggler scores (:mod:`.scores`), whose
+``rank`` and ``host`` are those of the rank scored. docs/metrics.md lists the metrics.
 """
 from __future__ import annotations
 
@@ -15,37 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from .. import steps
 from .fold import Cursor, Totals, cumulative
+from .scores import straggler_scores
 from .stepfold import STEP_BUCKETS, StepTotals
 
-__all__ = ["RankCollector", "set_straggler_score", "clear_straggler_scores", "straggler_scores"]
-
-_SCORES: dict[tuple[int, str], float] = {}
-_SCORES_LOCK = threading.Lock()
-
-
-def set_straggler_score(rank: int, host: str, score: float) -> None:
-    """Publish ``score`` as ``ringlet_straggler_score{rank, host}`` (the scored rank and its host) on this
-    process's metrics; a later call for the same rank and host replaces it. The straggler detector calls
-    it; the score's meaning (docs/metrics.md) is its own: higher is slower, 1.0 an ordinary rank.
-    ``ValueError`` for a negative rank or a score that is not a finite number."""
-    r, s = int(rank), float(score)
-    if r < 0 or s != s or s in (float("inf"), float("-inf")):
-        raise ValueError(f"straggler score: rank {rank!r} must be >= 0 and score {score!r} finite")
-    with _SCORES_LOCK:
-        _SCORES[(r, str(host))] = s
-
-
-def clear_straggler_scores() -> None:
-    """Forget every straggler score (the gauge then has no samples)."""
-    with _SCORES_LOCK:
-        _SCORES.clear()
-
-
-def straggler_scores() -> dict[tuple[int, str], float]:
-    """A copy of the scores set: (rank, host) -> score."""
-    with _SCORES_LOCK:
-        return dict(_SCORES)
-
+__all__ = ["RankCollector"]
 
 class RankCollector:
     """The metrics of the rank whose runtime ``get_runtime()`` returns (None: no runtime now; the totals
