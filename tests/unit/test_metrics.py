@@ -16,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import ringlet
 from ringlet import collectives, steps
 from ringlet.launch import LaunchError
+from ringlet.launch.agent import run_multi_host
 from ringlet.launch.api import _metrics_options
+from ringlet.launch.config import RunConfig
 from ringlet.metrics import clear_straggler_scores, serve, set_straggler_score
 from ringlet.metrics.collector import RankCollector
 from ringlet.metrics.fold import BUCKETS, Cursor, Totals
@@ -242,4 +244,7 @@ def test_environment_and_launcher_errors(monkeypatch):
         _metrics_options({}, 9100, False, "shm", False)
     monkeypatch.delenv("RINGLET_METRICS_PORT")
     assert _metrics_options({}, 9100, False, "torch", False) == 9100
+    hosts = (("localhost", 1), ("127.0.0.1", 1))
+    with pytest.raises(LaunchError, match="several host entries are this machine"):
+        run_multi_host(RunConfig(("true",), hosts=hosts, metrics_port=9100), hosts)
     assert os.environ.get("RINGLET_METRICS_DIR") is None

@@ -158,6 +158,9 @@ def run_torch(cfg: RunConfig) -> int:
 
 def run_multi_host(cfg: RunConfig, hosts) -> int:
     """One node launcher per host entry; the first entry hosts the rendezvous store."""
+    if cfg.metrics_port is not None and sum(is_local_host(h) for h, _ in hosts) > 1:
+        raise LaunchError("--metrics-port: several host entries are this machine, and each one's launcher would "
+                          "serve on the same port; add --metrics-per-rank (every rank serves its own).")
     first_local = is_local_host(hosts[0][0])
     all_local = all(is_local_host(h) for h, _ in hosts)
     addr = cfg.master_addr or (LOOPBACK if all_local else hosts[0][0])
