@@ -22,6 +22,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from .. import flight
+
 __all__ = ["BUCKETS", "Cursor", "Take", "Totals", "OpTotals"]
 
 # Latency buckets (seconds): a 4 KiB all-reduce over shared memory takes tens of microseconds, a large
@@ -44,45 +46,51 @@ class Take:
 
 
 class Cursor:
-    """The reader's place in one recorder's ring (see the module doc). Not thread-safe: one reader."""
+    """The reader's place in one recorder's ring (see the module doc). Not thread-safe: one reader.
+
+    A recorder whose ring holds raw entries (``_ring``, turned into records by ``flight.Record(entry)``
+    when read) is followed by its entries, which stay the same objects while in the ring; one that keeps
+    :class:`~ringlet.flight.Record` objects, by its ``records``."""
 
     def __init__(self, recorder) -> None:
         self.recorder = recorder
-        self._last = None  # the last record taken
-        self._last_index = -1  # its index among all records ever appended
+        self._raw = getattr(recorder, "_ring", None)
+        self._view = flight.Record if self._raw is not None else None
+        self._last = None  # the last entry taken
+        self._last_index = -1  # its index among all entries ever appended
 
     def _copy(self) -> tuple[list, int]:
         rec = self.recorder
         for _ in range(8):
             try:
-                recs = list(rec.records)
+                items = list(self._raw) if self._raw is not None else list(rec.records)
             except RuntimeError:  # mutated while copied (free-threaded builds): try again
                 continue
-            return recs, rec.appended
+            return items, rec.appended
         raise RuntimeError("the flight recorder's ring kept changing while it was read")
 
     def take(self) -> Take:
-        recs, appended = self._copy()
-        j = _find(recs, self._last)
-        if j is None:  # first take, or the last record taken has left the ring
-            first = max(appended - len(recs), 0)  # index of recs[0]
+        items, appended = self._copy()
+        j = _find(items, self._last)
+        if j is None:  # first take, or the last entry taken has left the ring
+            first = max(appended - len(items), 0)  # index of items[0]
             dropped = max(first - (self._last_index + 1), 0)
             start = 0
         else:
             first, dropped, start = self._last_index - j, 0, j + 1
-        new = []
-        for r in recs[start:]:
-            if r.state in _UNFINISHED:
-                break
-            new.append(r)
-        if new:
-            self._last = new[-1]
-            self._last_index = first + start + len(new) - 1
-        elif j is None and recs and dropped:
+        tail = items[start:]
+        recs = tail if self._view is None else [self._view(e) for e in tail]
+        n = 0
+        while n < len(recs) and recs[n].state not in _UNFINISHED:
+            n += 1
+        if n:
+            self._last = tail[n - 1]
+            self._last_index = first + start + n - 1
+        elif j is None and items and dropped:
             # nothing finished to take, but the ring moved past the last one: remember where it starts
             self._last_index = first - 1
-        pending = [r.m_enqueue for r in recs[start + len(new):] if r.state in _UNFINISHED]
-        return Take(new, dropped, len(pending), min(pending) if pending else None)
+        pending = [r.m_enqueue for r in recs[n:] if r.state in _UNFINISHED]
+        return Take(recs[:n], dropped, len(pending), min(pending) if pending else None)
 
 
 def _find(recs: list, rec) -> int | None:
