@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import socket
 import types
 import urllib.request
 
@@ -248,3 +249,27 @@ def test_environment_and_launcher_errors(monkeypatch):
     with pytest.raises(LaunchError, match="several host entries are this machine"):
         run_multi_host(RunConfig(("true",), hosts=hosts, metrics_port=9100), hosts)
     assert os.environ.get("RINGLET_METRICS_DIR") is None
+
+
+def test_port_per_rank_is_the_port_plus_the_local_rank(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    rec = FakeRecorder(4)
+    rec.enabled = True
+    rec.add()
+    rt = types.SimpleNamespace(rank=3, size=4, hostnames=("a", "a", "b", "b"), local_rank=lambda: 1, monitor=None,
+                               transport=types.SimpleNamespace(name="fake"), recorder=rec)
+    monkeypatch.setattr(serve, "_ENDPOINT", None)
+    try:
+        ep = serve.start(rt, lambda: rt, {"RINGLET_METRICS_PORT": str(base - 1), "RINGLET_METRICS_ADDR": "127.0.0.1"})
+    except OSError:  # taken by someone else since it was found free
+        pytest.skip(f"port {base} is in use")
+    try:
+        assert ep.port == base and serve.endpoint() is ep
+        assert serve.start(rt, lambda: rt, {"RINGLET_METRICS_PORT": str(base - 1)}) is ep  # once per process
+        fams = _families(_get(ep.port))
+        assert _samples(fams, "ringlet_collectives_total", rank="3", op="allreduce")[0].value == 1
+        assert _samples(fams, "ringlet_rank_info")[0].labels["local_rank"] == "1"
+    finally:
+        ep.close()
