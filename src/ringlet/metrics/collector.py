@@ -20,6 +20,7 @@ from .stepfold import STEP_BUCKETS, StepTotals
 
 __all__ = ["RankCollector"]
 
+
 class RankCollector:
     """The metrics of the rank whose runtime ``get_runtime()`` returns (None: no runtime now; the totals
     kept so far are still served, under the last rank seen). ``clock``: the step clock (default the
