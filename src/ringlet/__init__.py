@@ -69,6 +69,7 @@ def init(transport=None, options: Options | None = None) -> Runtime:
 
         # rt.network_model and rt.selector from the matching calibration profile (RINGLET_TUNE, RINGLET_PROFILE)
         attach(rt, Prober(rt))
+        _start_metrics(rt)
     except BaseException:
         rt.close()
         raise
@@ -86,6 +87,17 @@ def init(transport=None, options: Options | None = None) -> Runtime:
         _atexit_registered = True
     flight.install_signal_handler(lambda: collectives._runtime and collectives._runtime.recorder)  # USR1, TERM
     return rt
+
+
+def _start_metrics(rt: Runtime) -> None:
+    """The rank's metrics endpoint when RINGLET_METRICS_PORT or RINGLET_METRICS_DIR asks for one
+    (docs/metrics.md); prometheus_client is imported only then."""
+    import os
+
+    if os.environ.get("RINGLET_METRICS_PORT", "").strip() or os.environ.get("RINGLET_METRICS_DIR", "").strip():
+        from . import metrics
+
+        metrics.start(rt)
 
 
 def dump(path: str | None = None) -> str:

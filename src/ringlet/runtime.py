@@ -23,7 +23,7 @@ from .timeline import now_us
 from .tuning.select import Selector
 from .types import CollectiveTimeout, MismatchError, Options, PeerError
 
-_SEQ, _START, _END = flight.SEQ, flight.START, flight.END
+_SEQ, _START, _END, _ALGO = flight.SEQ, flight.START, flight.END, flight.ALGO
 
 
 _WORK_LOCK = threading.Lock()  # guards every Work's completion against a waiter or a callback arriving
@@ -268,6 +268,9 @@ class Runtime:
                 self._dump_failure(exc)
             raise
         rec[_END] = _monotonic()
+        ran = getattr(op, "ran", None)
+        if ran:  # an all-reduce names what ran (the record had what was asked: often "auto")
+            rec[_ALGO] = ran
         return result
 
     @contextlib.contextmanager

@@ -44,13 +44,18 @@ _TRANSPORT_HELP = ("How ranks talk: shm (shared memory, one host), torch (Gloo; 
               help="--elastic: replacement workers started for workers that die.")
 @click.option("--elastic-timeout", type=float, default=600.0, show_default=True,
               help="--elastic: seconds a new membership may take to assemble before absent workers are stopped.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve Prometheus metrics (docs/metrics.md): the launcher on each host serves its ranks' "
+                   "metrics on this port, each sample labelled with its rank.")
+@click.option("--metrics-per-rank", is_flag=True,
+              help="With --metrics-port P: every rank serves its own metrics on P + its local rank instead.")
 @click.option("--node-rank", type=int, default=None, hidden=True)
 @click.option("--rdzv-endpoint", default=None, hidden=True)
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--secret-from-stdin", is_flag=True, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_np, max_np, restarts, elastic_timeout,
-            node_rank, rdzv_endpoint, run_id, secret_from_stdin, command):
+            metrics_port, metrics_per_rank, node_rank, rdzv_endpoint, run_id, secret_from_stdin, command):
     """Run COMMAND as NP ranks: ringlet run -np 4 [--transport shm|torch|mpi] -- python train.py ARGS...
 
     Every rank gets RINGLET_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE and the HOROVOD_*
@@ -64,7 +69,8 @@ def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_
         status = start(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
                        elastic=elastic, min_np=min_np, max_np=max_np, restarts=restarts,
-                       elastic_timeout=elastic_timeout)
+                       elastic_timeout=elastic_timeout, metrics_port=metrics_port,
+                       metrics_per_rank=metrics_per_rank)
     except LaunchError as exc:
         err = click.ClickException(str(exc))
         err.exit_code = exc.exit_code

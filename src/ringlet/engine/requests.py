@@ -59,7 +59,8 @@ def _compressed_meta(buf: torch.Tensor, op: int, algo: str, pre: float, post: fl
 class AllreduceRequest:
     """One all-reduce: ``buf`` reduced in place over ``group`` and returned, with the reduction, the
     requested algorithm (:func:`ringlet.tuning.select.requested`'s name), the scale factors and the
-    compression (None: dense), through the engine's one entry (:func:`ringlet.engine.allreduce.allreduce_`)."""
+    compression (None: dense), through the engine's one entry (:func:`ringlet.engine.allreduce.allreduce_`).
+    ``ran``: what ran, once run (that function's answer)."""
 
     group: Group
     buf: torch.Tensor
@@ -69,15 +70,16 @@ class AllreduceRequest:
     post: float
     check: bool
     compressed: Compressed | None = None
+    ran: str = ""
 
     def run(self, ch: Channel) -> torch.Tensor:
         buf, red, algo, pre, post, spec = self.buf, self.red, self.algorithm, self.pre, self.post, self.compressed
         if spec is None:
             meta = _dense_meta(buf, red.op, algo, pre, post) if self.check else None
-            allreduce_(ch, buf if buf.dim() == 1 else buf.view(-1), red, algo, pre, post, meta)
+            self.ran = allreduce_(ch, buf if buf.dim() == 1 else buf.view(-1), red, algo, pre, post, meta)
         else:
             meta = _compressed_meta(buf, red.op, algo, pre, post, spec) if self.check else None
-            allreduce_(ch, buf.view(-1), red, algo, pre, post, meta, spec)
+            self.ran = allreduce_(ch, buf.view(-1), red, algo, pre, post, meta, spec)
         return buf
 
 

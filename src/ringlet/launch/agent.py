@@ -104,15 +104,17 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
     rdzv_store.endpoint = None
     flight = _flight_folder(nnodes)
     deaths = DeathWatch(run_dir, run_id, lambda: rdzv_store.endpoint).start()
-    try:
-        # A host whose ranks succeeded delivers their flight records before the exit barrier: the job may
-        # still fail elsewhere, and then node 0's launcher wants them.
-        # (The death watch's own connection, unprefixed like node 0's; flushed first, so that its thread
-        # no longer uses it.)
-        def deliver(_agent_store) -> None:
-            deaths.flush()
-            _collect_flight(deaths.store(), run_id, node_rank, nnodes, cfg.hosts, flight, failed=False)
+    host_metrics = None
 
+    def deliver(_agent_store) -> None:
+        # A host whose ranks succeeded delivers their flight records before the exit barrier (the job may
+        # still fail elsewhere, and then node 0's launcher wants them), through the death watch's own
+        # connection, unprefixed like node 0's (flushed first, so that its thread no longer uses it).
+        deaths.flush()
+        _collect_flight(deaths.store(), run_id, node_rank, nnodes, cfg.hosts, flight, failed=False)
+
+    try:
+        host_metrics = _host_metrics(cfg, run_dir)
         with HoldStore(before=deliver if nnodes > 1 else None):
             elastic_launch(config, sys.executable)(*SHIM, *cfg.command)
         return 0
@@ -131,6 +133,8 @@ def run_agent(cfg: RunConfig, nproc: int, nnodes: int, node_rank: int, endpoint:
         return 128 + int(exc.sigval)
     finally:
         deaths.stop()
+        if host_metrics is not None:
+            host_metrics.close()
         rdzv_store.hosted = None
         os.environ.clear()
         os.environ.update(saved)
@@ -160,6 +164,23 @@ def _collect_flight(store, run_id: str, node_rank: int, nnodes: int, hosts, fold
     flight_collect.collect(store, run_id, node_rank, nnodes, world, local, FAILURE_LINGER, gather=failed)
 
 
+def _host_metrics(cfg: RunConfig, run_dir: str):
+    """The host's metrics endpoint on ``cfg.metrics_port`` over this agent's ranks (they advertise their own
+    endpoints in ``run_dir/metrics``, exported to them as RINGLET_METRICS_DIR), or None without one."""
+    if cfg.metrics_port is None:
+        return None
+    from ..metrics.host import HostEndpoint
+
+    folder = os.path.join(run_dir, "metrics")
+    try:
+        endpoint = HostEndpoint(folder, cfg.metrics_port)
+    except OSError as exc:
+        raise LaunchError(str(exc)) from None
+    os.environ["RINGLET_METRICS_DIR"] = folder
+    say(f"metrics of this host's ranks on port {endpoint.port} (/metrics)")
+    return endpoint
+
+
 def run_torch(cfg: RunConfig) -> int:
     """A torch or shm job: this host's ranks, or one node launcher per host entry."""
     hosts = cfg.hosts
@@ -180,6 +201,9 @@ def run_torch(cfg: RunConfig) -> int:
 
 def run_multi_host(cfg: RunConfig, hosts) -> int:
     """One node launcher per host entry; the first entry hosts the rendezvous store."""
+    if cfg.metrics_port is not None and sum(is_local_host(h) for h, _ in hosts) > 1:
+        raise LaunchError("--metrics-port: several host entries are this machine, and each one's launcher would "
+                          "serve on the same port; add --metrics-per-rank (every rank serves its own).")
     first_local = is_local_host(hosts[0][0])
     all_local = all(is_local_host(h) for h, _ in hosts)
     addr = cfg.master_addr or (LOOPBACK if all_local else hosts[0][0])
@@ -196,12 +220,16 @@ def run_multi_host(cfg: RunConfig, hosts) -> int:
     for i, (host, _) in enumerate(hosts):
         argv = [sys.executable, "-m", "ringlet.cli.main", "run", "--transport", cfg.transport,
                 "--hosts", hosts_spec(hosts), "--node-rank", str(i), "--rdzv-endpoint", endpoint,
-                "--run-id", run_id, "--", *cfg.command]
+                "--run-id", run_id, *_metrics_args(cfg), "--", *cfg.command]
         if is_local_host(host):
             procs.append(subprocess.Popen(argv, env={**os.environ, **fwd_env, SECRET_ENV: secret}))
         else:
             procs.append(_start_remote(cfg.rsh, host, argv, fwd_env, secret))
     return wait_all(procs)
+
+
+def _metrics_args(cfg: RunConfig) -> list[str]:
+    return [] if cfg.metrics_port is None else ["--metrics-port", str(cfg.metrics_port)]
 
 
 def _start_remote(rsh: str, host: str, argv: list[str], env: dict, secret: str) -> subprocess.Popen:

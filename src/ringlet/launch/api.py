@@ -33,7 +33,8 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
         port: int | None = None, master_addr: str | None = None, node_rank: int | None = None,
         rdzv_endpoint: str | None = None, run_id: str | None = None, env: dict | None = None,
         elastic: bool = False, min_np: int | None = None, max_np: int | None = None,
-        restarts: int = 0, elastic_timeout: float = 600.0, mpi_entry: tuple[str, ...] | None = None) -> int:
+        restarts: int = 0, elastic_timeout: float = 600.0, mpi_entry: tuple[str, ...] | None = None,
+        metrics_port: int | None = None, metrics_per_rank: bool = False) -> int:
     """Run ``command`` (argv list) as ``np`` ranks; return the job's exit status (0 when every rank succeeded,
     else the status of the rank that failed first). ``transport``: ``torch``, ``shm`` or ``mpi``; None picks
     :func:`default_transport`. ``hosts``: ``"h1:4,h2:4"`` or ``[("h1", 4), ...]``. ``env``: extra variables
@@ -42,6 +43,8 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
     ``mpi_entry``: an argv prefix that runs ``mpiexec`` elsewhere (inside an emulated host). Running on
     the emulated hosts of ``ringlet cluster up`` is the cluster tool's: :func:`ringlet.cluster.run_job`
     fills ``hosts``, ``rsh``, ``master_addr``, ``env`` and ``mpi_entry`` and calls this.
+    ``metrics_port``: Prometheus metrics (docs/metrics.md) served on that port by the launcher's agent on
+    each host for its ranks, or with ``metrics_per_rank`` by every rank on the port plus its local rank.
     Bad options raise :class:`LaunchError`."""
     if transport is None:
         transport = default_transport(hosts, elastic=elastic)
@@ -52,6 +55,7 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     transport = transport.strip().lower()
+    host_metrics = _metrics_options(env, metrics_port, metrics_per_rank, transport, elastic)
     if elastic:
         return _run_elastic(command, np, transport, hosts, env, min_np, max_np, restarts, elastic_timeout)
     command = tuple(command)
@@ -70,12 +74,34 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
         raise LaunchError("-np must be at least 1.")
     def launch(job_env: dict) -> int:
         cfg = RunConfig(command, np, transport, parsed, rsh, port, master_addr, node_rank, rdzv_endpoint, run_id,
-                        job_env, mpi_entry)
+                        job_env, mpi_entry, host_metrics)
         return run_mpi(cfg) if transport == "mpi" else run_torch(cfg)
 
     if parsed is not None and not single_host(parsed):
         return launch(dict(env or {}))
     return with_flight_dir(dict(env or {}), launch)
+
+
+def _metrics_options(env: dict, port: int | None, per_rank: bool, transport: str, elastic: bool) -> int | None:
+    """Check the metrics options; per rank, put ``RINGLET_METRICS_PORT`` in ``env``. Returns the port the
+    agents serve (None: they serve none)."""
+    if port is None:
+        if per_rank:
+            raise LaunchError("--metrics-per-rank needs --metrics-port PORT (rank r serves on PORT + its local rank).")
+        return None
+    if not 1 <= int(port) <= 65535:
+        raise LaunchError(f"--metrics-port {port}: expected a TCP port number (1-65535).")
+    if per_rank:
+        env["RINGLET_METRICS_PORT"] = str(int(port))
+        return None
+    if transport == "mpi" or elastic:
+        raise LaunchError("--metrics-port: the per-host endpoint is served by the agents of torch and shm jobs; "
+                          f"for {'--elastic' if elastic else 'mpi'} jobs add --metrics-per-rank (every rank serves "
+                          "its own on the port plus its local rank).")
+    if os.environ.get("RINGLET_METRICS_PORT", "").strip():
+        raise LaunchError("--metrics-port (one endpoint per host) with RINGLET_METRICS_PORT set (one per rank): "
+                          "unset it, or add --metrics-per-rank.")
+    return int(port)
 
 
 def _run_elastic(command, np, transport, hosts, env, min_np, max_np, restarts, timeout) -> int:

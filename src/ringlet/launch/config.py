@@ -28,6 +28,8 @@ class RunConfig:
     extra_env: dict = field(default_factory=dict)
     # mpi on emulated hosts: argv prefix that runs mpiexec inside the first host (see cluster.launch).
     mpi_entry: tuple[str, ...] | None = None
+    # The port of the host's metrics endpoint that the agent serves (ringlet.metrics.host); None: none.
+    metrics_port: int | None = None
 
 
 class LaunchError(Exception):

@@ -33,6 +33,7 @@ class Monitor:
         self.options = options
         self._connect, self._on_verdict, self._on_beat = connect, on_verdict, on_beat
         self.verdict: Verdict | None = None
+        self.beats = 0  # heartbeats this rank has written
         self._store = None
         self._stop = threading.Event()
         self._found = threading.Event()
@@ -74,6 +75,15 @@ class Monitor:
             except Exception:  # noqa: BLE001 - leaving; the others may already be gone
                 pass
 
+    def peer_ages(self) -> dict[int, float]:
+        """Seconds since each watched rank's heartbeat last moved, as this rank last looked."""
+        now = time.monotonic()
+        return {r: now - since for r, (_, since) in dict(self._seen).items() if r in self.watched}
+
+    def store_age(self) -> float:
+        """Seconds since this rank's last heartbeat round that reached the store."""
+        return time.monotonic() - getattr(self, "_last_ok", time.monotonic())
+
     # ---- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -91,6 +101,7 @@ class Monitor:
     def _round(self) -> None:
         st = self._store
         st.add(K.of_rank(self.prefix, K.HEARTBEAT, self.rank), 1)
+        self.beats += 1
         if self._on_beat is not None:
             try:
                 self._on_beat()

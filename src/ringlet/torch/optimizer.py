@@ -22,6 +22,7 @@ import warnings
 import torch
 
 from ringlet import collectives as _core
+from ringlet import steps as step_clock
 from ringlet import timeline
 from ringlet.types import ReduceOp
 
@@ -210,7 +211,7 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         try:
-            self._ordered.finish(self._dense_grad)
+            step_clock.wait_for(lambda: self._ordered.finish(self._dense_grad))
             self._resparsify()
         finally:
             self._end_step()
@@ -247,6 +248,7 @@ class _DistributedOptimizer:
         self._hook_span = None
         out = super().step(closure)
         timeline.mark_step()
+        step_clock.mark()
         return out
 
     def zero_grad(self, *args, **kwargs):

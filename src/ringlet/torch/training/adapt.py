@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ringlet import collectives as _core
+from ringlet import steps as step_clock
 from ringlet import timeline
 from ringlet.algorithms import NATIVE
 from ringlet.tuning import select
@@ -187,6 +188,7 @@ class Adjuster:
     def report(self, e: Switch) -> None:
         """Log, mark and keep a switch (a round's, or one made outside a round: a re-trial's decision)."""
         self.switches.append(Applied(self.steps, e))
+        step_clock.switched(e.op if e.op in ("bucket_bytes", "trial") else "algorithm")
         log.info("DistributedDataParallel: step %d: %s %s -> %s (%s)", self.steps, e.op, e.old, e.new, e.reason)
         timeline.instant(TRACK, "switch", {"step": self.steps, "op": e.op, "old": e.old, "new": e.new,
                                            "reason": e.reason})

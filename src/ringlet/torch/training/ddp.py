@@ -95,6 +95,7 @@ from typing import Iterator
 import torch
 
 from ringlet import collectives as _core
+from ringlet import steps as step_clock
 from ringlet import timeline
 from ringlet.tuning import StepTuner, TrialPlan
 from ringlet.tuning.adaptive import Switch
@@ -314,6 +315,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         the buckets after the first reduced backward, pick the bucket set of this step."""
         if self._traces_steps:
             timeline.mark_step()
+            step_clock.mark()
         self._step_open = True
         decision = self._steps.step_started()
         if decision is not None:
@@ -332,7 +334,9 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
                  decision.choice, per_rank)
         timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
-        if self._retrial_from is not None:
+        if self._retrial_from is None:
+            step_clock.switched("algorithm")  # a re-trial's decision is counted by the adjuster's report
+        else:
             self._adjust.report(Switch("algorithm", self._retrial_from, decision.choice,
                                        f"re-trial, median step ms per candidate: {per_rank}"))
             self._retrial_from = None
@@ -427,7 +431,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         if self._adjust is not None:
             self._adjust.backward_done((t_last - t_first) * 1e-6)
         if self._overlap is None:
-            self._wait_all()
+            step_clock.wait_for(self._wait_all)
             if tl is not None:
                 self._launch.record(tl)
         else:

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from ringlet import steps as step_clock
 from ..launch_bounded import BoundedLaunch
 from ..reducer import BucketReducer
 from .layout import Layout
@@ -194,7 +195,7 @@ class StreamedGradients:
         with self._lock:
             try:
                 self._bucket_reducer.complete()
-                self._bucket_reducer.wait()
+                step_clock.wait_for(self._bucket_reducer.wait)
                 self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ringlet import steps as step_clock
 from ...comm import Comm
 from .clip import clip_shards_
 from .flat_params import FlatParameters
@@ -196,6 +197,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._shards.optimizer.step()
         self._grads.stepped()
         self._refresh()
+        step_clock.mark()
         return loss
 
     def _refresh(self) -> None:
