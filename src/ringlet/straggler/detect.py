@@ -1,0 +1,163 @@
+"""The straggler verdict from every rank's published summary (:meth:`.meter.StepMeter.summary`): pure,
+so tests feed it summaries.
+
+Compute-bound: a rank's median compute time over its window exceeds the median of the others' by more
+than ``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
+makes every rank's step equally long and leaves compute equal; what differs is where senders block. A
+link (sender rank -> receiver rank on another host) is slow when the share of its large sends' time
+the sender spends blocked in their waits is above ``1 + net_threshold`` times the job's median share
+and above ``min_blocked_share``; the host common to every slow link is named (with one slow link, two
+hosts are: the one whose other links block their senders more). A host with a compute straggler is
+not also named network-bound: a late receiver blocks its senders too. Either verdict must hold for
+``checks`` consecutive checks to name a straggler, and its opposite (compute within half the threshold,
+no slow link) as many to clear it, so one slow step or one check raises nothing.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from .options import StragglerOptions
+
+COMPUTE, NETWORK = "compute", "network"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A rank that became a straggler (``state="straggler"``) or stopped being one (``"recovered"``).
+    ``kind``: ``"compute"`` (``value``: its median compute seconds, ``median``: the others') or
+    ``"network"`` (``value``: the blocked share of its host's slowest link, ``median``: the job's);
+    ``ranks``: every rank of the host for a network verdict; ``links``: the slow links as (src, dst)."""
+
+    rank: int
+    host: str
+    kind: str
+    state: str
+    value: float
+    median: float
+    ranks: tuple[int, ...] = ()
+    links: tuple[tuple[int, int], ...] = ()
+
+    def describe(self) -> str:
+        """The log line (without the logger's prefix)."""
+        who = f"rank {self.rank} (host {self.host})" if self.kind == COMPUTE else \
+            f"host {self.host} (rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))})"
+        if self.kind == COMPUTE:
+            nums = f"compute {self.value:.3f} s per step against the others' median {self.median:.3f} s " \
+                   f"({_pct(self.value, self.median)})"
+        else:
+            links = ", ".join(f"{a}->{b}" for a, b in self.links)
+            nums = f"its link{'s' if len(self.links) != 1 else ''} {links}: senders blocked " \
+                   f"{100 * self.value:.0f}% of their large sends' time against the job's median " \
+                   f"{100 * self.median:.0f}%"
+        if self.state == "recovered":
+            return f"straggler {who} has recovered ({self.kind}-bound before): " + \
+                (nums if self.kind == COMPUTE else "no slow link any more")
+        return f"straggler: {who} is {self.kind}-bound: {nums}"
+
+    def args(self) -> dict:
+        """The timeline event's arguments."""
+        return {"rank": self.rank, "host": self.host, "kind": self.kind, "state": self.state,
+                "value": round(self.value, 6), "median": round(self.median, 6), "ranks": list(self.ranks),
+                "links": [list(x) for x in self.links]}
+
+
+def _pct(value: float, median: float) -> str:
+    return f"+{100 * (value / median - 1):.0f}%" if median > 0 else "median 0"
+
+
+@dataclass
+class _Track:
+    slow: int = 0
+    ok: int = 0
+    flagged: Change | None = None
+
+
+@dataclass
+class Detector:
+    """The verdict state of one job as one rank sees it. :meth:`check` takes every rank's summary and
+    returns the changes since the last check; :attr:`scores` holds each rank's score of that check."""
+
+    options: StragglerOptions
+    scores: dict[int, float] = field(default_factory=dict)
+    _tracks: dict = field(default_factory=dict)
+
+    @property
+    def stragglers(self) -> list[Change]:
+        """The verdicts standing now."""
+        return [t.flagged for t in self._tracks.values() if t.flagged is not None]
+
+    def check(self, summaries: dict[int, dict | None], hosts: dict[int, str] | list[str]) -> list[Change]:
+        hosts = dict(enumerate(hosts)) if not isinstance(hosts, dict) else hosts
+        compute = self._compute(summaries)
+        o = self.options
+        slow_ranks = {r for r, (v, m) in compute.items() if v > m * (1 + o.threshold) and v - m > o.min_excess}
+        changes = []
+        self.scores = {r: max(0.0, v / m - 1) if m > 0 else 0.0 for r, (v, m) in compute.items()}
+        for r, (v, m) in compute.items():
+            ok = v <= m * (1 + o.threshold / 2) or v - m <= o.min_excess
+            made = Change(r, hosts.get(r, "?"), COMPUTE, "straggler", v, m)
+            changes += self._step((COMPUTE, r), r in slow_ranks, ok, made)
+        busy_hosts = {hosts.get(r, "?") for r in slow_ranks} | \
+            {t.flagged.host for k, t in self._tracks.items() if k[0] == COMPUTE and t.flagged is not None}
+        seen, named = self._network(summaries, hosts, busy_hosts)
+        for h in sorted(seen):
+            ranks = tuple(sorted(r for r, x in hosts.items() if x == h))
+            found = named.get(h)
+            value, median, slow = found if found is not None else (0.0, 0.0, ())
+            made = Change(ranks[0] if ranks else -1, h, NETWORK, "straggler", value, median, ranks, slow)
+            if found is not None:
+                for r in ranks:
+                    self.scores[r] = max(self.scores.get(r, 0.0), value / max(median, 0.01) - 1)
+            changes += self._step((NETWORK, h), found is not None, found is None, made)
+        return changes
+
+    def _step(self, key, slow: bool, ok: bool, made: Change) -> list[Change]:
+        t = self._tracks.setdefault(key, _Track())
+        t.slow = t.slow + 1 if slow else 0
+        t.ok = t.ok + 1 if ok and not slow else 0
+        n = self.options.checks
+        if t.flagged is None and t.slow >= n:
+            t.flagged = made
+            return [made]
+        if t.flagged is not None and t.ok >= n:
+            was, t.flagged = t.flagged, None
+            return [Change(made.rank, made.host, was.kind, "recovered", made.value, made.median, was.ranks,
+                           was.links)]
+        return []
+
+    def _compute(self, summaries) -> dict[int, tuple[float, float]]:
+        """rank -> (its median compute, the others' median) over ranks with enough steps."""
+        eligible = {r: s["c"] for r, s in summaries.items()
+                    if s and s.get("k", 0) >= self.options.min_steps and "c" in s}
+        if len(eligible) < 2:
+            return {}
+        return {r: (c, statistics.median(x for q, x in eligible.items() if q != r)) for r, c in eligible.items()}
+
+    def _network(self, summaries, hosts, busy: set[str]):
+        """(hosts with observed links, {named host: (its slowest link's blocked share, the median share,
+        slow links)})."""
+        links = []
+        for r, s in summaries.items():
+            for peer, (b, e, bl) in ((s or {}).get("l") or {}).items():
+                p = int(peer)
+                if e > 0 and b >= 4 * self.options.link_min_bytes and hosts.get(r) != hosts.get(p):
+                    links.append((r, p, min(1.0, bl / e)))
+        seen = {hosts.get(x, "?") for a, b, _ in links for x in (a, b)}
+        if len(links) < 2:
+            return seen, {}
+        med = statistics.median(x for _, _, x in links)
+        cut = max(self.options.min_blocked_share, (1 + self.options.net_threshold) * med)
+        slow = [(a, b, x) for a, b, x in links if x >= cut]
+        if not slow:
+            return seen, {}
+        common = set.intersection(*({hosts.get(a, "?"), hosts.get(b, "?")} for a, b, _ in slow)) - busy
+        if not common:
+            return seen, {}
+
+        def others(h: str) -> float:  # how much this host's other links block their senders
+            rest = [x for a, b, x in links if h in (hosts.get(a), hosts.get(b)) and x < cut]
+            return statistics.mean(rest) if rest else 0.0
+
+        host = max(sorted(common), key=others)
+        return seen, {host: (max(x for _, _, x in slow), med, tuple((a, b) for a, b, _ in slow))}

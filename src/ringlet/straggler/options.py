@@ -1,0 +1,68 @@
+"""When a rank counts as a straggler: the environment's thresholds, checked once."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _env(env, name: str, default: str) -> str:
+    v = env.get(name)
+    return default if v is None or not v.strip() else v.strip()
+
+
+def _number(env, name: str, default: str, kind=float):
+    raw = _env(env, name, default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
+
+
+@dataclass(frozen=True)
+class StragglerOptions:
+    """``enabled``: ``RINGLET_STRAGGLER`` (default 1; 0 turns the meter and the detector off).
+    ``threshold``: a rank whose compute time exceeds the median of the others' by more than this
+    fraction is slow (``RINGLET_STRAGGLER_THRESHOLD``, default 0.2). ``window``: steps of each rank's
+    rolling medians (``RINGLET_STRAGGLER_WINDOW``, default 10). ``checks``: consecutive slow checks that
+    name a straggler, and consecutive normal ones that clear it (``RINGLET_STRAGGLER_CHECKS``, default 3).
+    ``every``: heartbeats between checks (``RINGLET_STRAGGLER_EVERY``, default 1).
+    ``net_threshold``: a link is slow when the share of its sends' time its sender spends blocked is
+    above ``1 + net_threshold`` times the job's median share (``RINGLET_STRAGGLER_NET_THRESHOLD``,
+    default 1.0) and above ``min_blocked_share``. ``min_steps``: steps in a rank's window before it is
+    compared; ``min_excess``: seconds of compute a slow rank must exceed the others' median by (timer
+    noise on very short steps is no straggler); ``link_min_bytes``: the smallest send that is timed."""
+
+    enabled: bool = True
+    threshold: float = 0.2
+    window: int = 10
+    checks: int = 3
+    every: int = 1
+    net_threshold: float = 1.0
+    min_blocked_share: float = 0.1
+    min_steps: int = 5
+    min_excess: float = 0.002
+    link_min_bytes: int = 64 << 10
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 0 or self.net_threshold <= 0:
+            raise ValueError(f"straggler thresholds must be positive, got threshold={self.threshold}, "
+                             f"net_threshold={self.net_threshold}")
+        if self.window < 1 or self.checks < 1 or self.every < 1 or self.min_steps < 1:
+            raise ValueError(f"straggler window, checks, every and min_steps must be at least 1: {self}")
+        if self.min_steps > self.window:
+            raise ValueError(f"straggler min_steps ({self.min_steps}) exceeds the window ({self.window})")
+
+    @classmethod
+    def from_env(cls, environ=None) -> "StragglerOptions":
+        env = os.environ if environ is None else environ
+        flag = _env(env, "RINGLET_STRAGGLER", "1").lower()
+        if flag not in ("0", "1", "off", "on", "false", "true"):
+            raise ValueError(f"RINGLET_STRAGGLER={flag!r}: use 1 (on, the default) or 0 (off)")
+        window = _number(env, "RINGLET_STRAGGLER_WINDOW", "10", int)
+        return cls(enabled=flag in ("1", "on", "true"),
+                   threshold=_number(env, "RINGLET_STRAGGLER_THRESHOLD", "0.2"),
+                   window=window,
+                   checks=_number(env, "RINGLET_STRAGGLER_CHECKS", "3", int),
+                   every=_number(env, "RINGLET_STRAGGLER_EVERY", "1", int),
+                   net_threshold=_number(env, "RINGLET_STRAGGLER_NET_THRESHOLD", "1.0"),
+                   min_steps=min(cls.min_steps, window))
