@@ -1,7 +1,7 @@
 """Straggler detection while training: which rank is persistently slower than the others, and why.
 
 Each training front end (:class:`ringlet.torch.DistributedDataParallel`, the Horovod-style
-``DistributedOptimizer``, ZeRO) reports its step's moments to its runtime's :class:`~.meter.StepMeter`
+``DistributedOptimizer``, ZeRO) reports its step's moments to its runtime's :class:`~.stepmeter.StepMeter`
 (:func:`meter`); the meter keeps rolling medians of the step's compute time and of the time blocked in
 collectives, and (through :class:`ringlet.transport.base.LinkCounter`) how long this rank's large
 sends block per peer. The liveness monitor shares each rank's summary on its heartbeat (:mod:`.share`)
@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 
 from .detect import Change, Detector
-from .meter import NullMeter, StepMeter
+from .stepmeter import NullMeter, StepMeter
 from .options import StragglerOptions
 
 _meters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

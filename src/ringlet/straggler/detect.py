@@ -1,14 +1,14 @@
-"""The straggler verdict from every rank's published summary (:meth:`.meter.StepMeter.summary`): pure,
+"""The straggler verdict from every rank's published summary (:meth:`.stepmeter.StepMeter.summary`): pure,
 so tests feed it summaries.
 
 Compute-bound: a rank's median compute time over its window exceeds the median of the others' by more
 than ``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
 makes every rank's step equally long and leaves compute equal; what differs is where senders block. A
 link (sender rank -> receiver rank on another host) is slow when the share of its large sends' time
-the sender spends blocked in their waits is above ``1 + net_threshold`` times the job's median share
-and above ``min_blocked_share``; the host common to every slow link is named (with one slow link, two
-hosts are: the one whose other links block their senders more). A host with a compute straggler is
-not also named network-bound: a late receiver blocks its senders too. Either verdict must hold for
+the sender spends blocked in their waits is above ``1 + net_threshold`` times the median share of the
+other links and above ``min_blocked_share``; the host common to every slow link is named (with one
+slow link, two hosts are: the one whose other links block their senders more). Links touching a host
+with a compute straggler are left out: a late receiver blocks its senders too. Either verdict must hold for
 ``checks`` consecutive checks to name a straggler, and its opposite (compute within half the threshold,
 no slow link) as many to clear it, so one slow step or one check raises nothing.
 """
@@ -135,29 +135,33 @@ class Detector:
         return {r: (c, statistics.median(x for q, x in eligible.items() if q != r)) for r, c in eligible.items()}
 
     def _network(self, summaries, hosts, busy: set[str]):
-        """(hosts with observed links, {named host: (its slowest link's blocked share, the median share,
-        slow links)})."""
+        """(hosts with observed links, {named host: (its slowest link's blocked share, the median share of
+        the links that are not slow, the slow links)}). Links touching a ``busy`` host are left out."""
         links = []
         for r, s in summaries.items():
             for peer, (b, e, bl) in ((s or {}).get("l") or {}).items():
                 p = int(peer)
-                if e > 0 and b >= 4 * self.options.link_min_bytes and hosts.get(r) != hosts.get(p):
+                hs = (hosts.get(r, "?"), hosts.get(p, "?"))
+                if e > 0 and b >= 4 * self.options.link_min_bytes and hs[0] != hs[1] and not busy & set(hs):
                     links.append((r, p, min(1.0, bl / e)))
         seen = {hosts.get(x, "?") for a, b, _ in links for x in (a, b)}
         if len(links) < 2:
             return seen, {}
-        med = statistics.median(x for _, _, x in links)
-        cut = max(self.options.min_blocked_share, (1 + self.options.net_threshold) * med)
-        slow = [(a, b, x) for a, b, x in links if x >= cut]
+        slow, fine = [], []
+        for i, (a, b, x) in enumerate(links):
+            others = statistics.median(y for j, (_, _, y) in enumerate(links) if j != i)
+            cut = max(self.options.min_blocked_share, (1 + self.options.net_threshold) * others)
+            (slow if x >= cut else fine).append((a, b, x))
         if not slow:
             return seen, {}
-        common = set.intersection(*({hosts.get(a, "?"), hosts.get(b, "?")} for a, b, _ in slow)) - busy
+        common = set.intersection(*({hosts.get(a, "?"), hosts.get(b, "?")} for a, b, _ in slow))
         if not common:
             return seen, {}
 
-        def others(h: str) -> float:  # how much this host's other links block their senders
-            rest = [x for a, b, x in links if h in (hosts.get(a), hosts.get(b)) and x < cut]
+        def others_of(h: str) -> float:  # how much this host's other links block their senders
+            rest = [x for a, b, x in fine if h in (hosts.get(a), hosts.get(b))]
             return statistics.mean(rest) if rest else 0.0
 
-        host = max(sorted(common), key=others)
+        host = max(sorted(common), key=others_of)
+        med = statistics.median(x for _, _, x in fine) if fine else 0.0
         return seen, {host: (max(x for _, _, x in slow), med, tuple((a, b) for a, b, _ in slow))}

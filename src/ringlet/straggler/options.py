@@ -38,7 +38,7 @@ class StragglerOptions:
     checks: int = 3
     every: int = 1
     net_threshold: float = 1.0
-    min_blocked_share: float = 0.1
+    min_blocked_share: float = 0.2
     min_steps: int = 5
     min_excess: float = 0.002
     link_min_bytes: int = 64 << 10

@@ -4,7 +4,7 @@ Every heartbeat (``RINGLET_HEARTBEAT_INTERVAL``, 1 s) each rank's monitor thread
 summary under the store entry ``strag`` (one ``set``, on the round the heartbeat already makes: no
 collective and nothing on the training thread), and every ``every`` heartbeats reads every rank's and
 runs its :class:`~.detect.Detector`. Every rank decides (the same summaries give the same verdicts, and
-each rank's :meth:`~.meter.StepMeter.scores` is there for its own metrics endpoint); rank 0 alone logs,
+each rank's :meth:`~.stepmeter.StepMeter.scores` is there for its own metrics endpoint); rank 0 alone logs,
 so a verdict is one line in the job's log, and every rank marks it on its own timeline.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 
 from .. import timeline
 from .detect import Change, Detector
-from .meter import StepMeter
+from .stepmeter import StepMeter
 
 NAME = "strag"  # the store entry (ringlet.liveness.monitor.StoreView) each rank publishes its summary under
 TRACK = "straggler"  # the timeline track of the verdicts

@@ -28,10 +28,12 @@ class StepMeter:
     any before). A step ended without :meth:`grads_ready` counts as ready at its end; a
     :meth:`grads_ready` or :meth:`end_step` with no step open (the very first one) is dropped.
 
-    Called from the training thread; :meth:`summary` and :meth:`mark_links` from the liveness thread."""
+    Called from the training thread; :meth:`summary` and :meth:`mark_links` from the liveness thread.
+    ``clock``: the seconds it reads (tests give their own)."""
 
-    def __init__(self, options: StragglerOptions, links: LinkCounter | None = None):
+    def __init__(self, options: StragglerOptions, links: LinkCounter | None = None, clock=time.perf_counter):
         self.options = options
+        self._clock = clock  # seconds, monotonic
         self.links = links
         self.steps = 0
         self._lock = threading.Lock()
@@ -46,13 +48,13 @@ class StepMeter:
     def begin_step(self) -> None:
         """A training step starts now, unless one is already open."""
         if self._start is None:
-            self._start = time.perf_counter()
+            self._start = self._clock()
             self._ready, self._wait, self._wait_before = None, 0.0, 0.0
 
     def grads_ready(self) -> None:
         """This rank's gradients of the open step are all produced (the first call of a step counts)."""
         if self._start is not None and self._ready is None:
-            self._ready = time.perf_counter()
+            self._ready = self._clock()
 
     def add_wait(self, seconds: float) -> None:
         """``seconds`` spent blocked in collectives in the open step."""
@@ -63,15 +65,15 @@ class StepMeter:
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """Count the body's time as blocked in collectives."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         try:
             yield
         finally:
-            self.add_wait(time.perf_counter() - t0)
+            self.add_wait(self._clock() - t0)
 
     def end_step(self) -> None:
         """Close the open step (recording it) and open the next one now."""
-        now = time.perf_counter()
+        now = self._clock()
         if self._start is not None:
             ready = self._ready if self._ready is not None else now
             compute = max(0.0, ready - self._start - self._wait_before)
