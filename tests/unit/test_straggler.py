@@ -332,3 +332,44 @@ def test_link_counter_refuses_a_bad_size_and_sums_per_peer():
     lc.add(1, 100, 0.5, 0.25)
     lc.add(1, 50, 0.5, 0.0)
     assert lc.snapshot() == {1: (150, 1.0, 0.25, 2)}
+
+
+# ---- ringlet report lists the verdicts of a timeline -------------------------------------------------------------
+def test_report_lists_the_stragglers_of_a_timeline(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from ringlet import timeline
+    from ringlet.cli.main import main
+    from ringlet.cli.report import stragglers
+    from ringlet.straggler import Change
+
+    path = tmp_path / "t.json"
+    tl = timeline.Timeline(str(path), 0)
+    tl.instant(timeline.STEP_TRACK, timeline.STEP_EVENT, ts_us=0.0)
+    tl.span("backward", "BACKWARD", 0.0, 50.0)
+    tl.span("bucket0", "COMMUNICATE", 40.0, 60.0)
+    tl.instant(timeline.STEP_TRACK, timeline.STEP_EVENT, ts_us=100.0)
+    tl.instant("straggler", "straggler", Change(3, "h3", "compute", "straggler", 0.5, 0.2).args(), ts_us=20.0)
+    tl.instant("straggler", "straggler", Change(2, "h2", "network", "straggler", 0.4, 0.02, (2,),
+                                                ((1, 2), (2, 3))).args(), ts_us=30.0)
+    tl.instant("straggler", "straggler_recovered", Change(3, "h3", "compute", "recovered", 0.2, 0.2).args(),
+               ts_us=90.0)
+    tl.close()
+    res = CliRunner().invoke(main, ["report", "--skip", "0", str(path)])
+    assert res.exit_code == 0, res.output
+    out = res.output.split("stragglers:")[1].splitlines()
+    assert "rank 3 (host h3) compute-bound: 0.500 s per step against the others' median 0.200 s" in out[1]
+    assert "host h2 (ranks 2) network-bound: senders blocked 40% on 1->2, 2->3 against the median 2%" in out[2]
+    assert "rank 3 (host h3) recovered (compute-bound before)" in out[3]
+    data = json.loads(CliRunner().invoke(main, ["report", "--json", "--skip", "0", str(path)]).output)
+    assert [(v["rank"], v["kind"], v["state"]) for v in data["stragglers"]] == [
+        (3, "compute", "straggler"), (2, "network", "straggler"), (3, "compute", "recovered")]
+    two = [{"name": "straggler", "ph": "i", "pid": pid, "ts": ts, "args": {"rank": pid}} for pid, ts in ((2, 1), (1, 2))]
+    assert stragglers(two) == [{"rank": 1, "ts_us": 2.0}]  # the lowest rank's marks only
+    empty = tmp_path / "e.json"
+    tl = timeline.Timeline(str(empty), 0)
+    tl.span("backward", "BACKWARD", 0.0, 50.0)
+    tl.close()
+    assert "stragglers: none named" in CliRunner().invoke(main, ["report", str(empty)]).output
