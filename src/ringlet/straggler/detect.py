@@ -63,7 +63,7 @@ class Change:
 
 
 def _pct(value: float, median: float) -> str:
-    return f"+{100 * (value / median - 1):.0f}%" if median > 0 else "median 0"
+    return f"{100 * (value / median - 1):+.0f}%" if median > 0 else "median 0"
 
 
 @dataclass
