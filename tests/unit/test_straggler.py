@@ -373,3 +373,52 @@ def test_report_lists_the_stragglers_of_a_timeline(tmp_path):
     tl.span("backward", "BACKWARD", 0.0, 50.0)
     tl.close()
     assert "stragglers: none named" in CliRunner().invoke(main, ["report", str(empty)]).output
+
+
+# ---- cohorts: pipeline stages are compared within themselves ------------------------------------------------------
+def test_cohorts_compare_their_own_members_only():
+    s = {0: dict(summ(0.2), g="a"), 1: dict(summ(0.2), g="a"), 2: dict(summ(0.9), g="b"), 3: dict(summ(0.9), g="b")}
+    assert run_checks(Detector(OPTS), s, 5) == []
+    s[3] = dict(summ(1.5), g="b")
+    assert [(c.rank, c.kind) for c in run_checks(Detector(OPTS), s, 5)] == [(3, "compute")]
+    alone = {0: dict(summ(0.2), g="a"), 1: dict(summ(0.9), g="b")}
+    assert run_checks(Detector(OPTS), alone, 5) == []
+
+
+class Pause(torch.nn.Module):
+    def __init__(self, seconds: dict):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds.get(ringlet.collectives.runtime().rank, 0.0))
+        return x
+
+
+@pytest.mark.parametrize("pauses, named", [({2: 0.01, 3: 0.01}, []), ({2: 0.01, 3: 0.04}, [3])])
+def test_pipeline_replicas_are_compared_within_their_stage(pauses, named):
+    """2 stages x 2 replicas; stage 1 sleeps in every micro-batch's forward (slower than stage 0, which is
+    no straggler), and with rank 3 sleeping longer, rank 3 is named."""
+    import torch.nn.functional as F
+
+    from ringlet.torch import Pipeline
+
+    def body(rank):
+        g = torch.Generator().manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), Pause(pauses), torch.nn.Linear(6, 3))
+        with torch.no_grad():
+            for q in net.parameters():
+                q.copy_(torch.randn(q.shape, generator=g) * 0.5)
+        pipe = Pipeline(net, 2, 2, "1f1b", balance=[2, 2], tune=False)
+        opt = torch.optim.SGD(pipe.parameters(), lr=0.01)
+        x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+        for _ in range(8):
+            opt.zero_grad()
+            pipe.step(x if pipe.is_first else None, y if pipe.is_last else None, F.mse_loss)
+            opt.step()
+        return straggler.meter().summary()
+
+    summaries = dict(enumerate(run_world(4, body)))
+    assert [summaries[r]["g"] for r in range(4)] == ["pipeline stage 0"] * 2 + ["pipeline stage 1"] * 2
+    assert summaries[2]["c"] > summaries[0]["c"] + 0.01  # stage 1 sleeps, stage 0 waits for it
+    assert [c.rank for c in run_checks(Detector(OPTS), summaries, OPTS.checks)] == named

@@ -1,8 +1,9 @@
 """The straggler verdict from every rank's published summary (:meth:`.stepmeter.StepMeter.summary`): pure,
 so tests feed it summaries.
 
-Compute-bound: a rank's median compute time over its window exceeds the median of the others' by more
-than ``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
+Compute-bound: a rank's median compute time over its window exceeds the median of the others' (of its
+cohort: ranks doing different work, such as pipeline stages, are not compared) by more than
+``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
 makes every rank's step equally long and leaves compute equal; what differs is where senders block. A
 link (sender rank -> receiver rank on another host) is slow when the share of its large sends' time
 the sender spends blocked in their waits is above ``1 + net_threshold`` times the median share of the
@@ -127,12 +128,14 @@ class Detector:
         return []
 
     def _compute(self, summaries) -> dict[int, tuple[float, float]]:
-        """rank -> (its median compute, the others' median) over ranks with enough steps."""
-        eligible = {r: s["c"] for r, s in summaries.items()
-                    if s and s.get("k", 0) >= self.options.min_steps and "c" in s}
-        if len(eligible) < 2:
-            return {}
-        return {r: (c, statistics.median(x for q, x in eligible.items() if q != r)) for r, c in eligible.items()}
+        """rank -> (its median compute, the median of the others of its cohort) over ranks with enough
+        steps, in cohorts of at least two such ranks."""
+        cohorts: dict[str, dict[int, float]] = {}
+        for r, s in summaries.items():
+            if s and s.get("k", 0) >= self.options.min_steps and "c" in s:
+                cohorts.setdefault(s.get("g", ""), {})[r] = s["c"]
+        return {r: (c, statistics.median(x for q, x in members.items() if q != r))
+                for members in cohorts.values() if len(members) >= 2 for r, c in members.items()}
 
     def _network(self, summaries, hosts, busy: set[str]):
         """(hosts with observed links, {named host: (its slowest link's blocked share, the median share of

@@ -43,6 +43,9 @@ class StepMeter:
         self._ready: float | None = None
         self._wait = self._wait_before = 0.0
         self.detector = None  # the rank's Detector once its monitor task runs (.share)
+        # Ranks compare their compute with the ranks of the same cohort only: "" (the whole job) unless a
+        # front end whose ranks do different work says otherwise (a pipeline: its stage).
+        self.cohort = ""
 
     # ---- the front ends' calls -------------------------------------------------------------
     def begin_step(self) -> None:
@@ -89,12 +92,15 @@ class StepMeter:
             self._marks.append(self.links.snapshot())
 
     def summary(self) -> dict:
-        """``n``: steps so far; ``k``: steps in the window; ``c``, ``w``, ``s``: median compute, wait and
-        step seconds over the window (absent with no step); ``l``: per peer, the large sends of the last
+        """``n``: steps so far; ``k``: steps in the window; ``g``: the cohort (absent for the whole job);
+        ``c``, ``w``, ``s``: median compute, wait and step seconds over the window (absent with no step);
+        ``l``: per peer, the large sends of the last
         heartbeats as [bytes, seconds from post to the end of their waits, seconds blocked in them]."""
         with self._lock:
             window, steps = list(self._window), self.steps
         out: dict = {"n": steps, "k": len(window)}
+        if self.cohort:
+            out["g"] = self.cohort
         if window:
             out["c"] = statistics.median(x[0] for x in window)
             out["w"] = statistics.median(x[1] for x in window)
@@ -123,6 +129,7 @@ class NullMeter:
     steps = 0
     links = None
     detector = None
+    cohort = ""
 
     def begin_step(self) -> None:
         return None
