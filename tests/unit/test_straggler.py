@@ -17,6 +17,7 @@ import ringlet
 from ringlet import straggler
 from ringlet.straggler import Detector, StepMeter, StragglerOptions
 from ringlet.straggler.share import NAME, Sharer
+from ringlet.straggler.stepmeter import trimmed_mean
 from ringlet.transport.base import LinkCounter
 
 OPTS = StragglerOptions()
@@ -115,7 +116,7 @@ def test_slow_link_names_the_host_common_to_the_slow_links():
 
 
 def test_one_slow_link_goes_to_the_host_whose_other_links_block_more():
-    (c,) = run_checks(Detector(OPTS), ring({2: 0.4, 3: 0.05}), OPTS.checks)
+    (c,) = run_checks(Detector(OPTS), ring({2: 0.4, 3: 0.025}), OPTS.checks)
     assert c.host == "h3" and c.links == ((2, 3),)
 
 
@@ -182,7 +183,15 @@ def test_meter_arithmetic():
     s = m.summary()
     assert s["n"] == s["k"] == 3
     # compute: start to ready less the wait before it, with the 0.01 s between steps (they open at end_step)
-    assert s["c"] == pytest.approx(0.21) and s["w"] == pytest.approx(0.75) and s["s"] == pytest.approx(0.96)
+    assert s["c"] == pytest.approx((0.3 + 0.11 + 0.21) / 3) and s["w"] == pytest.approx(0.75)
+    assert s["s"] == pytest.approx((1.05 + 0.86 + 0.96) / 3)
+    for _ in range(20):  # the window: the last 10 steps, or those of the last 5 s when more
+        clock.step(m, compute=1.0, wait=0.0)
+    assert m.summary()["k"] == 10
+    for _ in range(200):
+        clock.step(m, compute=0.001, wait=0.0)
+    assert 200 < m.summary()["k"] < 205 and m.summary()["c"] == pytest.approx(0.011)
+    assert trimmed_mean([1.0] * 8 + [100.0, 0.0]) == 1.0 and trimmed_mean([2.0]) == 2.0
 
 
 def test_null_meter_without_a_runtime_or_when_off(monkeypatch):
@@ -308,6 +317,9 @@ def test_link_timing_names_the_host_behind_a_slow_link(slow):
 
     def fn(rank):
         m = straggler.meter()
+        for _ in range(OPTS.min_steps):  # links count once the first steps are done
+            m.begin_step()
+            m.end_step()
         m.mark_links()
         x = torch.ones(1 << 20)
         for _ in range(4):
@@ -361,7 +373,7 @@ def test_report_lists_the_stragglers_of_a_timeline(tmp_path):
     assert res.exit_code == 0, res.output
     out = res.output.split("stragglers:")[1].splitlines()
     assert "rank 3 (host h3) compute-bound: 0.500 s per step against the others' median 0.200 s" in out[1]
-    assert "host h2 (ranks 2) network-bound: senders blocked 40% on 1->2, 2->3 against the median 2%" in out[2]
+    assert "host h2 (ranks 2) network-bound: senders blocked 40.0% on 1->2, 2->3 against the median 2.0%" in out[2]
     assert "rank 3 (host h3) recovered (compute-bound before)" in out[3]
     data = json.loads(CliRunner().invoke(main, ["report", "--json", "--skip", "0", str(path)]).output)
     assert [(v["rank"], v["kind"], v["state"]) for v in data["stragglers"]] == [

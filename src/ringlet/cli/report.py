@@ -68,8 +68,8 @@ def format_stragglers(found: list[dict]) -> str:
                          f"median {v['median']:.3f} s")
         else:
             links = ", ".join(f"{a}->{b}" for a, b in v.get("links") or [])
-            lines.append(f"  {at}  {who} network-bound: senders blocked {100 * v['value']:.0f}% on {links} "
-                         f"against the median {100 * v['median']:.0f}%")
+            lines.append(f"  {at}  {who} network-bound: senders blocked {100 * v['value']:.1f}% on {links} "
+                         f"against the median {100 * v['median']:.1f}%")
     return "\n".join(lines)
 
 

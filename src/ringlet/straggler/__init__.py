@@ -2,7 +2,7 @@
 
 Each training front end (:class:`ringlet.torch.DistributedDataParallel`, the Horovod-style
 ``DistributedOptimizer``, ZeRO) reports its step's moments to its runtime's :class:`~.stepmeter.StepMeter`
-(:func:`meter`); the meter keeps rolling medians of the step's compute time and of the time blocked in
+(:func:`meter`); the meter keeps trimmed means of the step's compute time and of the time blocked in
 collectives, and (through :class:`ringlet.transport.base.LinkCounter`) how long this rank's large
 sends block per peer. The liveness monitor shares each rank's summary on its heartbeat (:mod:`.share`)
 and :class:`~.detect.Detector` names a compute-bound or network-bound straggler in the log (one
@@ -62,8 +62,8 @@ def _attach(rt):
 
 def scores(rt=None) -> dict[int, float]:
     """Each rank's straggler score from the last check of runtime ``rt``'s detector: how much slower than
-    the others it is (compute: its median compute over the others' median, less 1; network: its host's
-    slowest link's blocked share over the job's median, less 1), 0 for a rank that is not slower. Empty
+    the others it is (compute: its compute over the others' median, less 1; network: its host's
+    slowest link's blocked share over the other links' median (at least 1%), less 1), 0 for a rank that is not slower. Empty
     before the first check, without a monitor or a meter, or when ringlet is not initialised; never
     makes a meter."""
     if rt is None:

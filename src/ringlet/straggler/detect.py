@@ -1,7 +1,7 @@
 """The straggler verdict from every rank's published summary (:meth:`.stepmeter.StepMeter.summary`): pure,
 so tests feed it summaries.
 
-Compute-bound: a rank's median compute time over its window exceeds the median of the others' (of its
+Compute-bound: a rank's compute time (a trimmed mean over its window) exceeds the median of the others' (of its
 cohort: ranks doing different work, such as pipeline stages, are not compared) by more than
 ``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
 makes every rank's step equally long and leaves compute equal; what differs is where senders block. A
@@ -26,8 +26,9 @@ COMPUTE, NETWORK = "compute", "network"
 @dataclass(frozen=True)
 class Change:
     """A rank that became a straggler (``state="straggler"``) or stopped being one (``"recovered"``).
-    ``kind``: ``"compute"`` (``value``: its median compute seconds, ``median``: the others') or
-    ``"network"`` (``value``: the blocked share of its host's slowest link, ``median``: the job's);
+    ``kind``: ``"compute"`` (``value``: its compute seconds per step, ``median``: the others' median) or
+    ``"network"`` (``value``: the blocked share of its host's slowest link, ``median``: the median share
+    of the links that are not slow);
     ``ranks``: every rank of the host for a network verdict; ``links``: the slow links as (src, dst)."""
 
     rank: int
@@ -49,8 +50,8 @@ class Change:
         else:
             links = ", ".join(f"{a}->{b}" for a, b in self.links)
             nums = f"its link{'s' if len(self.links) != 1 else ''} {links}: senders blocked " \
-                   f"{100 * self.value:.0f}% of their large sends' time against the job's median " \
-                   f"{100 * self.median:.0f}%"
+                   f"{100 * self.value:.1f}% of their large sends' time against the other links' median " \
+                   f"{100 * self.median:.1f}%"
         if self.state == "recovered":
             return f"straggler {who} has recovered ({self.kind}-bound before): " + \
                 (nums if self.kind == COMPUTE else "no slow link any more")
@@ -142,7 +143,9 @@ class Detector:
         the links that are not slow, the slow links)}). Links touching a ``busy`` host are left out."""
         links = []
         for r, s in summaries.items():
-            for peer, (b, e, bl) in ((s or {}).get("l") or {}).items():
+            if not s or s.get("k", 0) < self.options.min_steps:
+                continue  # still starting: its links carry the set-up's waits
+            for peer, (b, e, bl) in (s.get("l") or {}).items():
                 p = int(peer)
                 hs = (hosts.get(r, "?"), hosts.get(p, "?"))
                 if e > 0 and b >= 4 * self.options.link_min_bytes and hs[0] != hs[1] and not busy & set(hs):

@@ -22,23 +22,26 @@ def _number(env, name: str, default: str, kind=float):
 class StragglerOptions:
     """``enabled``: ``RINGLET_STRAGGLER`` (default 1; 0 turns the meter and the detector off).
     ``threshold``: a rank whose compute time exceeds the median of the others' by more than this
-    fraction is slow (``RINGLET_STRAGGLER_THRESHOLD``, default 0.2). ``window``: steps of each rank's
-    rolling medians (``RINGLET_STRAGGLER_WINDOW``, default 10). ``checks``: consecutive slow checks that
+    fraction is slow (``RINGLET_STRAGGLER_THRESHOLD``, default 0.2). ``window`` and ``window_s``: each
+    rank's numbers are trimmed means over its last ``window`` steps (``RINGLET_STRAGGLER_WINDOW``, default
+    10) or over the steps of the last ``window_s`` seconds when those are more
+    (``RINGLET_STRAGGLER_WINDOW_S``, default 5). ``checks``: consecutive slow checks that
     name a straggler, and consecutive normal ones that clear it (``RINGLET_STRAGGLER_CHECKS``, default 3).
     ``every``: heartbeats between checks (``RINGLET_STRAGGLER_EVERY``, default 1).
     ``net_threshold``: a link is slow when the share of its sends' time its sender spends blocked is
-    above ``1 + net_threshold`` times the job's median share (``RINGLET_STRAGGLER_NET_THRESHOLD``,
-    default 1.0) and above ``min_blocked_share``. ``min_steps``: steps in a rank's window before it is
+    above ``1 + net_threshold`` times the other links' median share (``RINGLET_STRAGGLER_NET_THRESHOLD``,
+    default 2.0) and above ``min_blocked_share``. ``min_steps``: steps in a rank's window before it is
     compared; ``min_excess``: seconds of compute a slow rank must exceed the others' median by (timer
     noise on very short steps is no straggler); ``link_min_bytes``: the smallest send that is timed."""
 
     enabled: bool = True
     threshold: float = 0.2
     window: int = 10
+    window_s: float = 5.0
     checks: int = 3
     every: int = 1
-    net_threshold: float = 1.0
-    min_blocked_share: float = 0.2
+    net_threshold: float = 2.0
+    min_blocked_share: float = 0.02
     min_steps: int = 5
     min_excess: float = 0.002
     link_min_bytes: int = 64 << 10
@@ -47,6 +50,8 @@ class StragglerOptions:
         if self.threshold <= 0 or self.net_threshold <= 0:
             raise ValueError(f"straggler thresholds must be positive, got threshold={self.threshold}, "
                              f"net_threshold={self.net_threshold}")
+        if self.window_s <= 0:
+            raise ValueError(f"RINGLET_STRAGGLER_WINDOW_S must be positive, got {self.window_s}")
         if self.window < 1 or self.checks < 1 or self.every < 1 or self.min_steps < 1:
             raise ValueError(f"straggler window, checks, every and min_steps must be at least 1: {self}")
         if self.min_steps > self.window:
@@ -62,7 +67,8 @@ class StragglerOptions:
         return cls(enabled=flag in ("1", "on", "true"),
                    threshold=_number(env, "RINGLET_STRAGGLER_THRESHOLD", "0.2"),
                    window=window,
+                   window_s=_number(env, "RINGLET_STRAGGLER_WINDOW_S", "5"),
                    checks=_number(env, "RINGLET_STRAGGLER_CHECKS", "3", int),
                    every=_number(env, "RINGLET_STRAGGLER_EVERY", "1", int),
-                   net_threshold=_number(env, "RINGLET_STRAGGLER_NET_THRESHOLD", "1.0"),
+                   net_threshold=_number(env, "RINGLET_STRAGGLER_NET_THRESHOLD", "2.0"),
                    min_steps=min(cls.min_steps, window))

@@ -1,11 +1,10 @@
 """Each rank's step meter: per training step, its compute time and its time blocked in collectives,
-kept as rolling medians over the last steps; and its large sends' per-peer timing over the last
+kept as trimmed means over the last steps; and its large sends' per-peer timing over the last
 heartbeats. What :meth:`StepMeter.summary` returns is what the rank publishes (:mod:`.share`)."""
 from __future__ import annotations
 
 import collections
 import contextlib
-import statistics
 import threading
 import time
 from typing import Iterator
@@ -15,6 +14,19 @@ from .options import StragglerOptions
 
 #: Heartbeats of link timing a summary covers.
 LINK_BEATS = 10
+#: Steps a meter keeps at most (its time window is cut there).
+MAX_STEPS = 4096
+#: The share of a window's steps left out at each end of its trimmed means.
+TRIM = 0.2
+
+
+def trimmed_mean(xs) -> float:
+    """The mean of ``xs`` without its lowest and highest :data:`TRIM` share (one slow step of ten, or a
+    CPU quota's throttled steps at one end, moves nothing)."""
+    xs = sorted(xs)
+    cut = int(len(xs) * TRIM)
+    kept = xs[cut:len(xs) - cut]
+    return sum(kept) / len(kept)
 
 
 class StepMeter:
@@ -37,7 +49,7 @@ class StepMeter:
         self.links = links
         self.steps = 0
         self._lock = threading.Lock()
-        self._window: collections.deque = collections.deque(maxlen=options.window)
+        self._window: collections.deque = collections.deque(maxlen=MAX_STEPS)  # (end, compute, wait, step)
         self._marks: collections.deque = collections.deque(maxlen=LINK_BEATS + 1)
         self._start: float | None = None
         self._ready: float | None = None
@@ -81,30 +93,39 @@ class StepMeter:
             ready = self._ready if self._ready is not None else now
             compute = max(0.0, ready - self._start - self._wait_before)
             with self._lock:
-                self._window.append((compute, self._wait, now - self._start))
+                self._window.append((now, compute, self._wait, now - self._start))
                 self.steps += 1
         self._start, self._ready, self._wait, self._wait_before = now, None, 0.0, 0.0
 
     # ---- what is shared ----------------------------------------------------------------------
     def mark_links(self) -> None:
-        """Take this heartbeat's snapshot of the link counter (the summary covers the last ones)."""
-        if self.links is not None:
+        """Take this heartbeat's snapshot of the link counter (the summary covers the last ones); none
+        before the first step has ended, so the set-up's collectives (the model's broadcast, which waits
+        for the last rank to start) are not counted."""
+        if self.links is not None and self.steps:
             self._marks.append(self.links.snapshot())
 
-    def summary(self) -> dict:
-        """``n``: steps so far; ``k``: steps in the window; ``g``: the cohort (absent for the whole job);
-        ``c``, ``w``, ``s``: median compute, wait and step seconds over the window (absent with no step);
-        ``l``: per peer, the large sends of the last
-        heartbeats as [bytes, seconds from post to the end of their waits, seconds blocked in them]."""
+    def _recent(self) -> list[tuple]:
+        """The window: the last ``options.window`` steps, or every step ended in the last
+        ``options.window_s`` seconds when those are more."""
         with self._lock:
-            window, steps = list(self._window), self.steps
-        out: dict = {"n": steps, "k": len(window)}
+            steps = list(self._window)
+        since = self._clock() - self.options.window_s
+        recent = [x for x in steps if x[0] >= since]
+        return recent if len(recent) > self.options.window else steps[-self.options.window:]
+
+    def summary(self) -> dict:
+        """``n``: steps so far; ``k``: steps in the window (:meth:`_recent`); ``g``: the cohort (absent for
+        the whole job); ``c``, ``w``, ``s``: the window's trimmed mean compute, wait and step seconds
+        (:func:`trimmed_mean`; absent with no step); ``l``: per peer, the large sends of the last
+        heartbeats as [bytes, seconds from post to the end of their waits, seconds blocked in them]."""
+        window = self._recent()
+        out: dict = {"n": self.steps, "k": len(window)}
         if self.cohort:
             out["g"] = self.cohort
         if window:
-            out["c"] = statistics.median(x[0] for x in window)
-            out["w"] = statistics.median(x[1] for x in window)
-            out["s"] = statistics.median(x[2] for x in window)
+            for key, i in (("c", 1), ("w", 2), ("s", 3)):
+                out[key] = trimmed_mean(x[i] for x in window)
         if len(self._marks) >= 2:
             first, last = self._marks[0], self._marks[-1]
             links = {}
