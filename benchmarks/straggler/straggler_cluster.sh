@@ -29,7 +29,7 @@ run_case cpu 40 32
 "$R" cluster link 100mbit --host h3 >/dev/null
 run_case link 60 32
 "$R" cluster link 1gbit --host h3 >/dev/null
-run_case equal 500 8
+run_case equal 500 16
 "$PY" - "$OUT" "$stamp" <<'PYEOF'
 import json, sys
 from pathlib import Path

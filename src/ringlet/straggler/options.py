@@ -22,7 +22,8 @@ def _number(env, name: str, default: str, kind=float):
 class StragglerOptions:
     """``enabled``: ``RINGLET_STRAGGLER`` (default 1; 0 turns the meter and the detector off).
     ``threshold``: a rank whose compute time exceeds the median of the others' by more than this
-    fraction is slow (``RINGLET_STRAGGLER_THRESHOLD``, default 0.2). ``window`` and ``window_s``: each
+    fraction is slow (``RINGLET_STRAGGLER_THRESHOLD``, default 0.3: a CPU quota's throttling and a shared
+    machine's scheduling move equal ranks' compute by 20% for seconds at a time). ``window`` and ``window_s``: each
     rank's numbers are trimmed means over its last ``window`` steps (``RINGLET_STRAGGLER_WINDOW``, default
     10) or over the steps of the last ``window_s`` seconds when those are more
     (``RINGLET_STRAGGLER_WINDOW_S``, default 5). ``checks``: consecutive slow checks that
@@ -35,7 +36,7 @@ class StragglerOptions:
     noise on very short steps is no straggler); ``link_min_bytes``: the smallest send that is timed."""
 
     enabled: bool = True
-    threshold: float = 0.2
+    threshold: float = 0.3
     window: int = 10
     window_s: float = 5.0
     checks: int = 3
@@ -65,7 +66,7 @@ class StragglerOptions:
             raise ValueError(f"RINGLET_STRAGGLER={flag!r}: use 1 (on, the default) or 0 (off)")
         window = _number(env, "RINGLET_STRAGGLER_WINDOW", "10", int)
         return cls(enabled=flag in ("1", "on", "true"),
-                   threshold=_number(env, "RINGLET_STRAGGLER_THRESHOLD", "0.2"),
+                   threshold=_number(env, "RINGLET_STRAGGLER_THRESHOLD", "0.3"),
                    window=window,
                    window_s=_number(env, "RINGLET_STRAGGLER_WINDOW_S", "5"),
                    checks=_number(env, "RINGLET_STRAGGLER_CHECKS", "3", int),
