@@ -41,15 +41,23 @@ def run_checks(det: Detector, summaries, n: int) -> list:
 # ---- the detector, fed summaries --------------------------------------------------------------------------
 def test_compute_straggler_named_after_the_consecutive_checks_once():
     det = Detector(OPTS)
-    s = {0: summ(0.20), 1: summ(0.21), 2: summ(0.19), 3: summ(0.50, w=0.0)}
+    s = {0: summ(0.20), 1: summ(0.21), 2: summ(0.19), 3: summ(0.40, w=0.0)}  # 2x: 1.17 checks' evidence each
     assert run_checks(det, s, OPTS.checks - 1) == []
     (c,) = det.check(s, HOSTS)
     assert (c.rank, c.host, c.kind, c.state) == (3, "h3", "compute", "straggler")
-    assert c.value == 0.50 and c.median == 0.20
-    assert "rank 3 (host h3) is compute-bound" in c.describe() and "+150%" in c.describe()
+    assert c.value == 0.40 and c.median == 0.20
+    assert "rank 3 (host h3) is compute-bound" in c.describe() and "+100%" in c.describe()
     assert run_checks(det, s, 10) == []  # not repeated
-    assert det.scores[3] == pytest.approx(1.5) and det.scores[0] == 0.0
+    assert det.scores[3] == pytest.approx(1.0) and det.scores[0] == 0.0
     assert [x.rank for x in det.stragglers] == [3]
+
+
+@pytest.mark.parametrize("ratio, checks", [(2.5, 2), (1.9, 3), (1.5, 9), (1.31, None)])
+def test_the_evidence_grows_with_how_much_slower(ratio, checks):
+    det = Detector(OPTS)
+    s = {0: summ(0.2), 1: summ(0.2), 2: summ(0.2 * ratio)}
+    named = [n for n in range(1, 40) if det.check(s, HOSTS)]
+    assert named == ([checks] if checks else [])
 
 
 def test_equal_but_slow_job_raises_nothing():
@@ -76,9 +84,9 @@ def test_one_slow_step_moves_no_median_and_raises_nothing():
 def test_transient_slowdown_shorter_than_the_checks_raises_nothing():
     det = Detector(OPTS)
     fast = {r: summ(0.2) for r in range(4)}
-    slow = {**fast, 1: summ(0.6)}
-    assert run_checks(det, slow, OPTS.checks - 1) + run_checks(det, fast, 5) + \
-        run_checks(det, slow, OPTS.checks - 1) == []
+    slow, slowish = {**fast, 1: summ(0.6)}, {**fast, 1: summ(0.3)}
+    assert run_checks(det, slow, 1) + run_checks(det, fast, 5) + run_checks(det, slowish, 8) + \
+        run_checks(det, fast, 1) + run_checks(det, slowish, 8) == []
 
 
 def test_recovery_is_reported_once_after_the_consecutive_normal_checks():
@@ -102,8 +110,8 @@ def test_ranks_with_too_few_steps_and_tiny_differences_are_not_compared():
 
 
 def ring(shares: dict, b: int = 8 << 20) -> dict:
-    """Ring links r -> r+1 of 4 ranks with the given blocked shares (default 1%)."""
-    return {r: summ(0.2, links={(r + 1) % 4: [b, 1.0, shares.get(r, 0.01)]}) for r in range(4)}
+    """Ring links r -> r+1 of 4 ranks with the given blocked shares (default 0.1%)."""
+    return {r: summ(0.2, links={(r + 1) % 4: [b, 1.0, shares.get(r, 0.001)]}) for r in range(4)}
 
 
 def test_slow_link_names_the_host_common_to_the_slow_links():
@@ -116,8 +124,17 @@ def test_slow_link_names_the_host_common_to_the_slow_links():
 
 
 def test_one_slow_link_goes_to_the_host_whose_other_links_block_more():
-    (c,) = run_checks(Detector(OPTS), ring({2: 0.4, 3: 0.025}), OPTS.checks)
+    (c,) = run_checks(Detector(OPTS), ring({2: 0.4, 3: 0.015}), OPTS.checks)
     assert c.host == "h3" and c.links == ((2, 3),)
+
+
+def test_a_named_host_is_cleared_only_below_half_the_floor():
+    det = Detector(OPTS)
+    assert [c.state for c in run_checks(det, ring({2: 0.4, 3: 0.3}), OPTS.checks)] == ["straggler"]
+    between = 0.75 * OPTS.min_blocked_share
+    assert run_checks(det, ring({2: between, 3: between}), 10) == []
+    low = 0.25 * OPTS.min_blocked_share
+    assert [c.state for c in run_checks(det, ring({2: low, 3: low}), OPTS.checks)] == ["recovered"]
 
 
 def test_equal_links_and_a_compute_straggler_raise_no_network_verdict():
@@ -378,7 +395,8 @@ def test_report_lists_the_stragglers_of_a_timeline(tmp_path):
     data = json.loads(CliRunner().invoke(main, ["report", "--json", "--skip", "0", str(path)]).output)
     assert [(v["rank"], v["kind"], v["state"]) for v in data["stragglers"]] == [
         (3, "compute", "straggler"), (2, "network", "straggler"), (3, "compute", "recovered")]
-    two = [{"name": "straggler", "ph": "i", "pid": pid, "ts": ts, "args": {"rank": pid}} for pid, ts in ((2, 1), (1, 2))]
+    two = [{"name": "straggler", "ph": "i", "pid": pid, "ts": ts, "args": {"rank": pid}}
+           for pid, ts in ((2, 1), (1, 2))]
     assert stragglers(two) == [{"rank": 1, "ts_us": 2.0}]  # the lowest rank's marks only
     empty = tmp_path / "e.json"
     tl = timeline.Timeline(str(empty), 0)

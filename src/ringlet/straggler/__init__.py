@@ -63,8 +63,8 @@ def _attach(rt):
 def scores(rt=None) -> dict[int, float]:
     """Each rank's straggler score from the last check of runtime ``rt``'s detector: how much slower than
     the others it is (compute: its compute over the others' median, less 1; network: its host's
-    slowest link's blocked share over the other links' median (at least 1%), less 1), 0 for a rank that is not slower. Empty
-    before the first check, without a monitor or a meter, or when ringlet is not initialised; never
+    slowest link's blocked share over the other links' median (at least 1%), less 1), 0 for a rank that
+    is not slower. Empty before the first check, without a monitor or a meter, or when ringlet is not initialised; never
     makes a meter."""
     if rt is None:
         from ..collectives import runtime

@@ -1,17 +1,22 @@
 """The straggler verdict from every rank's published summary (:meth:`.stepmeter.StepMeter.summary`): pure,
 so tests feed it summaries.
 
-Compute-bound: a rank's compute time (a trimmed mean over its window) exceeds the median of the others' (of its
-cohort: ranks doing different work, such as pipeline stages, are not compared) by more than
-``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
+Compute-bound: a rank's compute time (a trimmed mean over its window) exceeds the median of the
+others' (of its cohort: ranks doing different work, such as pipeline stages, are not compared) by more
+than ``threshold`` (and by ``min_excess`` seconds). Network-bound: in a synchronous job a slow link
 makes every rank's step equally long and leaves compute equal; what differs is where senders block. A
 link (sender rank -> receiver rank on another host) is slow when the share of its large sends' time
 the sender spends blocked in their waits is above ``1 + net_threshold`` times the median share of the
 other links and above ``min_blocked_share``; the host common to every slow link is named (with one
 slow link, two hosts are: the one whose other links block their senders more). Links touching a host
-with a compute straggler are left out: a late receiver blocks its senders too. Either verdict must hold for
-``checks`` consecutive checks to name a straggler, and its opposite (compute within half the threshold,
-no slow link) as many to clear it, so one slow step or one check raises nothing.
+with a compute straggler are left out: a late receiver blocks its senders too. A slow link must be
+seen in ``checks`` consecutive checks to name its host. A compute straggler's evidence grows with how much
+slower it is: each consecutive slow check adds ``(ratio - 1 - threshold) / (2 * threshold)`` (one
+check's worth at ``1 + 3 * threshold`` times the others' median), and ``checks`` of it, over two checks
+at least, name it: a rank 2.5 times slower is named in two checks, one 1.5 times slower (threshold
+0.3) only after nine, so a marginal slowdown of a few seconds (a shared machine's scheduling) names
+nobody. The opposite (compute within half the threshold; no link of the host slow even at half the
+floor) for ``checks`` consecutive checks clears a verdict. One slow step or one slow check raises nothing.
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ def _pct(value: float, median: float) -> str:
 @dataclass
 class _Track:
     slow: int = 0
+    evidence: float = 0.0
     ok: int = 0
     flagged: Change | None = None
 
@@ -99,10 +105,16 @@ class Detector:
         for r, (v, m) in compute.items():
             ok = v <= m * (1 + o.threshold / 2) or v - m <= o.min_excess
             made = Change(r, hosts.get(r, "?"), COMPUTE, "straggler", v, m)
-            changes += self._step((COMPUTE, r), r in slow_ranks, ok, made)
+            weight = (v / m - 1 - o.threshold) / (2 * o.threshold) if r in slow_ranks else 0.0
+            changes += self._step((COMPUTE, r), r in slow_ranks, ok, made, weight)
         busy_hosts = {hosts.get(r, "?") for r in slow_ranks} | \
             {t.flagged.host for k, t in self._tracks.items() if k[0] == COMPUTE and t.flagged is not None}
-        seen, named = self._network(summaries, hosts, busy_hosts)
+        floor = o.min_blocked_share
+        seen, named = self._network(summaries, hosts, busy_hosts, floor)
+        if any(k[0] == NETWORK and t.flagged is not None for k, t in self._tracks.items()):
+            still = self._network(summaries, hosts, busy_hosts, floor / 2)[1]  # hysteresis: clear below half
+        else:
+            still = named
         for h in sorted(seen):
             ranks = tuple(sorted(r for r, x in hosts.items() if x == h))
             found = named.get(h)
@@ -111,15 +123,19 @@ class Detector:
             if found is not None:
                 for r in ranks:
                     self.scores[r] = max(self.scores.get(r, 0.0), value / max(median, 0.01) - 1)
-            changes += self._step((NETWORK, h), found is not None, found is None, made)
+            changes += self._step((NETWORK, h), found is not None, h not in still, made)
         return changes
 
-    def _step(self, key, slow: bool, ok: bool, made: Change) -> list[Change]:
+    def _step(self, key, slow: bool, ok: bool, made: Change, weight: float = 1.0) -> list[Change]:
+        """One check of one verdict: ``slow`` checks in a row, each adding ``weight`` to the evidence,
+        name it once the evidence reaches ``checks`` (and after two checks at least); ``ok`` checks in a
+        row clear it after ``checks``."""
         t = self._tracks.setdefault(key, _Track())
         t.slow = t.slow + 1 if slow else 0
+        t.evidence = t.evidence + weight if slow else 0.0
         t.ok = t.ok + 1 if ok and not slow else 0
         n = self.options.checks
-        if t.flagged is None and t.slow >= n:
+        if t.flagged is None and t.slow >= min(2, n) and t.evidence >= n - 1e-9:
             t.flagged = made
             return [made]
         if t.flagged is not None and t.ok >= n:
@@ -138,9 +154,10 @@ class Detector:
         return {r: (c, statistics.median(x for q, x in members.items() if q != r))
                 for members in cohorts.values() if len(members) >= 2 for r, c in members.items()}
 
-    def _network(self, summaries, hosts, busy: set[str]):
+    def _network(self, summaries, hosts, busy: set[str], floor: float):
         """(hosts with observed links, {named host: (its slowest link's blocked share, the median share of
-        the links that are not slow, the slow links)}). Links touching a ``busy`` host are left out."""
+        the links that are not slow, the slow links)}), slow links blocking their senders at least
+        ``floor`` of the time. Links touching a ``busy`` host are left out."""
         links = []
         for r, s in summaries.items():
             if not s or s.get("k", 0) < self.options.min_steps:
@@ -156,7 +173,7 @@ class Detector:
         slow, fine = [], []
         for i, (a, b, x) in enumerate(links):
             others = statistics.median(y for j, (_, _, y) in enumerate(links) if j != i)
-            cut = max(self.options.min_blocked_share, (1 + self.options.net_threshold) * others)
+            cut = max(floor, (1 + self.options.net_threshold) * others)
             (slow if x >= cut else fine).append((a, b, x))
         if not slow:
             return seen, {}

@@ -26,12 +26,14 @@ class StragglerOptions:
     machine's scheduling move equal ranks' compute by 20% for seconds at a time). ``window`` and ``window_s``: each
     rank's numbers are trimmed means over its last ``window`` steps (``RINGLET_STRAGGLER_WINDOW``, default
     10) or over the steps of the last ``window_s`` seconds when those are more
-    (``RINGLET_STRAGGLER_WINDOW_S``, default 5). ``checks``: consecutive slow checks that
-    name a straggler, and consecutive normal ones that clear it (``RINGLET_STRAGGLER_CHECKS``, default 3).
+    (``RINGLET_STRAGGLER_WINDOW_S``, default 5). ``checks``: the evidence that names a straggler
+    (a compute straggler's grows by one per check at ``1 + 3 * threshold`` times the others' median, more
+    or less with its ratio; a slow link's by one per check) and the consecutive normal checks that clear
+    one (``RINGLET_STRAGGLER_CHECKS``, default 3).
     ``every``: heartbeats between checks (``RINGLET_STRAGGLER_EVERY``, default 1).
     ``net_threshold``: a link is slow when the share of its sends' time its sender spends blocked is
     above ``1 + net_threshold`` times the other links' median share (``RINGLET_STRAGGLER_NET_THRESHOLD``,
-    default 2.0) and above ``min_blocked_share``. ``min_steps``: steps in a rank's window before it is
+    default 2.0) and above ``min_blocked_share`` (2%; a named host is cleared below half of it). ``min_steps``: steps in a rank's window before it is
     compared; ``min_excess``: seconds of compute a slow rank must exceed the others' median by (timer
     noise on very short steps is no straggler); ``link_min_bytes``: the smallest send that is timed."""
 
