@@ -24,7 +24,7 @@ run_case() {  # name, steps, batch
     echo "# wall seconds: $(( $(date +%s) - t0 ))"; } | tee "$OUT/$name.log"
 }
 "$R" cluster cpus 0.2 --host h3 >/dev/null
-run_case cpu 40 32
+run_case cpu 40 128
 "$R" cluster cpus 0.5 --host h3 >/dev/null
 "$R" cluster link 100mbit --host h3 >/dev/null
 run_case link 60 32
