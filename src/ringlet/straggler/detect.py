@@ -8,15 +8,17 @@ makes every rank's step equally long and leaves compute equal; what differs is w
 link (sender rank -> receiver rank on another host) is slow when the share of its large sends' time
 the sender spends blocked in their waits is above ``1 + net_threshold`` times the median share of the
 other links and above ``min_blocked_share``; the host common to every slow link is named (with one
-slow link, two hosts are: the one whose other links block their senders more). Links touching a host
-with a compute straggler are left out: a late receiver blocks its senders too. A slow link must be
-seen in ``checks`` consecutive checks to name its host. A compute straggler's evidence grows with how much
-slower it is: each consecutive slow check adds ``(ratio - 1 - threshold) / (2 * threshold)`` (one
+slow link both ends are, and the verdict names both, as ``"A or B"``). Links are compared with those
+that carried at least a quarter of their bytes (the same traffic). Links touching a host with a
+compute straggler are left out: a late receiver blocks its senders too. A slow link must be seen
+in ``checks`` consecutive checks to name its host. A compute straggler's evidence grows with how
+much slower it is: each consecutive slow check adds ``(ratio - 1 - threshold) / (2 * threshold)`` (one
 check's worth at ``1 + 3 * threshold`` times the others' median), and ``checks`` of it, over two checks
 at least, name it: a rank 2.5 times slower is named in two checks, one 1.5 times slower (threshold
 0.3) only after nine, so a marginal slowdown of a few seconds (a shared machine's scheduling) names
 nobody. The opposite (compute within half the threshold; no link of the host slow even at half the
-floor) for ``checks`` consecutive checks clears a verdict. One slow step or one slow check raises nothing.
+floor) for ``checks`` consecutive checks clears a verdict. One slow step or one slow check raises
+nothing.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from .options import StragglerOptions
 
 COMPUTE, NETWORK = "compute", "network"
+OR = " or "  # between the hosts of a network verdict that cannot tell which end of its slow link is slow
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class Change:
             nums = f"its link{'s' if len(self.links) != 1 else ''} {links}: senders blocked " \
                    f"{100 * self.value:.1f}% of their large sends' time against the other links' median " \
                    f"{100 * self.median:.1f}%"
+        if self.kind == NETWORK and OR in self.host:
+            nums += " (one end of the slow link: the sender's upload or the receiver's download)"
         if self.state == "recovered":
             return f"straggler {who} has recovered ({self.kind}-bound before): " + \
                 (nums if self.kind == COMPUTE else "no slow link any more")
@@ -109,21 +114,24 @@ class Detector:
             changes += self._step((COMPUTE, r), r in slow_ranks, ok, made, weight)
         busy_hosts = {hosts.get(r, "?") for r in slow_ranks} | \
             {t.flagged.host for k, t in self._tracks.items() if k[0] == COMPUTE and t.flagged is not None}
-        floor = o.min_blocked_share
-        seen, named = self._network(summaries, hosts, busy_hosts, floor)
-        if any(k[0] == NETWORK and t.flagged is not None for k, t in self._tracks.items()):
-            still = self._network(summaries, hosts, busy_hosts, floor / 2)[1]  # hysteresis: clear below half
-        else:
-            still = named
-        for h in sorted(seen):
-            ranks = tuple(sorted(r for r, x in hosts.items() if x == h))
-            found = named.get(h)
+        return changes + self._network_changes(summaries, hosts, busy_hosts)
+
+    def _network_changes(self, summaries, hosts, busy: set[str]) -> list[Change]:
+        floor = self.options.min_blocked_share
+        named = self._network(summaries, hosts, busy, floor)
+        flagged = [k[1] for k, t in self._tracks.items() if k[0] == NETWORK and t.flagged is not None]
+        still = self._network(summaries, hosts, busy, floor / 2) if flagged else named  # clear below half
+        changes = []
+        for key in sorted(set(named) | {k[1] for k in self._tracks if k[0] == NETWORK}):
+            names = key.split(OR)
+            ranks = tuple(sorted(r for r, x in hosts.items() if x in names))
+            found = named.get(key)
             value, median, slow = found if found is not None else (0.0, 0.0, ())
-            made = Change(ranks[0] if ranks else -1, h, NETWORK, "straggler", value, median, ranks, slow)
+            made = Change(ranks[0] if ranks else -1, key, NETWORK, "straggler", value, median, ranks, slow)
             if found is not None:
                 for r in ranks:
                     self.scores[r] = max(self.scores.get(r, 0.0), value / max(median, 0.01) - 1)
-            changes += self._step((NETWORK, h), found is not None, h not in still, made)
+            changes += self._step((NETWORK, key), found is not None, key not in still, made)
         return changes
 
     def _step(self, key, slow: bool, ok: bool, made: Change, weight: float = 1.0) -> list[Change]:
@@ -154,10 +162,12 @@ class Detector:
         return {r: (c, statistics.median(x for q, x in members.items() if q != r))
                 for members in cohorts.values() if len(members) >= 2 for r, c in members.items()}
 
-    def _network(self, summaries, hosts, busy: set[str], floor: float):
-        """(hosts with observed links, {named host: (its slowest link's blocked share, the median share of
-        the links that are not slow, the slow links)}), slow links blocking their senders at least
-        ``floor`` of the time. Links touching a ``busy`` host are left out."""
+    def _network(self, summaries, hosts, busy: set[str], floor: float) -> dict:
+        """{named host: (its slowest link's blocked share, the median share of the links that are not
+        slow, the slow links)}: a link is slow when its sender is blocked at least ``floor`` of the time
+        and ``1 + net_threshold`` times the median of the links that carried at least a quarter of its
+        bytes (at least two such). Links touching a ``busy`` host are left out. With several hosts common
+        to every slow link (one slow link has two ends), the key names them all, joined by " or "."""
         links = []
         for r, s in summaries.items():
             if not s or s.get("k", 0) < self.options.min_steps:
@@ -166,25 +176,17 @@ class Detector:
                 p = int(peer)
                 hs = (hosts.get(r, "?"), hosts.get(p, "?"))
                 if e > 0 and b >= 4 * self.options.link_min_bytes and hs[0] != hs[1] and not busy & set(hs):
-                    links.append((r, p, min(1.0, bl / e)))
-        seen = {hosts.get(x, "?") for a, b, _ in links for x in (a, b)}
-        if len(links) < 2:
-            return seen, {}
+                    links.append((r, p, min(1.0, bl / e), b))
         slow, fine = [], []
-        for i, (a, b, x) in enumerate(links):
-            others = statistics.median(y for j, (_, _, y) in enumerate(links) if j != i)
-            cut = max(floor, (1 + self.options.net_threshold) * others)
+        for i, (a, b, x, n) in enumerate(links):
+            others = [y for j, (_, _, y, m) in enumerate(links) if j != i and 4 * m >= n]
+            cut = max(floor, (1 + self.options.net_threshold) * statistics.median(others)) if len(others) >= 2 \
+                else float("inf")
             (slow if x >= cut else fine).append((a, b, x))
         if not slow:
-            return seen, {}
+            return {}
         common = set.intersection(*({hosts.get(a, "?"), hosts.get(b, "?")} for a, b, _ in slow))
         if not common:
-            return seen, {}
-
-        def others_of(h: str) -> float:  # how much this host's other links block their senders
-            rest = [x for a, b, x in fine if h in (hosts.get(a), hosts.get(b))]
-            return statistics.mean(rest) if rest else 0.0
-
-        host = max(sorted(common), key=others_of)
+            return {}
         med = statistics.median(x for _, _, x in fine) if fine else 0.0
-        return seen, {host: (max(x for _, _, x in slow), med, tuple((a, b) for a, b, _ in slow))}
+        return {OR.join(sorted(common)): (max(x for _, _, x in slow), med, tuple((a, b) for a, b, _ in slow))}

@@ -33,7 +33,8 @@ class StragglerOptions:
     ``every``: heartbeats between checks (``RINGLET_STRAGGLER_EVERY``, default 1).
     ``net_threshold``: a link is slow when the share of its sends' time its sender spends blocked is
     above ``1 + net_threshold`` times the other links' median share (``RINGLET_STRAGGLER_NET_THRESHOLD``,
-    default 2.0) and above ``min_blocked_share`` (2%; a named host is cleared below half of it). ``min_steps``: steps in a rank's window before it is
+    default 2.0) and above ``min_blocked_share`` (2%; a named host is cleared below half of
+    it). ``min_steps``: steps in a rank's window before it is
     compared; ``min_excess``: seconds of compute a slow rank must exceed the others' median by (timer
     noise on very short steps is no straggler); ``link_min_bytes``: the smallest send that is timed."""
 
