@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 from conftest import run_world
-from straggler_links import SlowNic
+from straggler_cases import SlowNic
 
 import ringlet
 from ringlet import straggler

@@ -1,6 +1,7 @@
-"""An in-process transport whose hosts have network interfaces of given rates: a large send waits until
-both the sender's upload and the receiver's download are free, takes ``bytes / rate`` of both, and is
-delivered (its handle completes) then. Each sender's messages to one peer leave in order."""
+"""For the straggler tests: an in-process transport whose hosts have network interfaces of given rates.
+A large send waits until both the sender's upload and the receiver's download are free, takes
+``bytes / rate`` of both, and is delivered (its handle completes) then. Each sender's messages to one
+peer leave in order."""
 from __future__ import annotations
 
 import collections
