@@ -9,6 +9,7 @@
 # Needs root and an otherwise idle machine; takes the cluster for a few minutes.
 #   usage: flock /tmp/ringlet-cluster.lock sudo benchmarks/metrics/prometheus_cluster.sh
 #   RINGLET_VENV=DIR: the virtualenv with ringlet installed (default .venv)
+#   SLOW_HOST_CPUS=C: give host h3 C CPUs (e.g. 0.2) instead of 0.5, so that the straggler score moves
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${RINGLET_VENV:-.venv}
@@ -28,6 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$R" cluster up --hosts 4 --link 1gbit --cpus-per-host 0.5 --replace >/dev/null
+[ -z "${SLOW_HOST_CPUS:-}" ] || "$R" cluster cpus "$SLOW_HOST_CPUS" --host h3 >/dev/null
 "$R" cluster status --json > "$WORK/cluster.json"
 # h0's namespace, and the Prometheus configuration: every host's agent at its address, port $PORT
 NS0=$("$PY" - "$WORK/cluster.json" "$PORT" "$WORK/prometheus.yml" <<'PYEOF'

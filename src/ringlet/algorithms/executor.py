@@ -22,6 +22,7 @@ model and the simulator read the same answer.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -395,6 +396,9 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     caller that keeps scratch memory between calls, or None). ``combine(dst, src)`` reduces a received
     range into the buffer in place (:attr:`ringlet.types.Reduction.combine`); schedules without reducing
     transfers need none (a reducing transfer without it raises ``ValueError``: a caller's bug).
+    A transport with a ``links`` counter (:class:`ringlet.transport.base.LinkCounter`, set by the
+    straggler meter) is told each send of at least ``links.min_bytes``: its peer, bytes, seconds from
+    post to the end of its wait, and seconds blocked in that wait.
     """
     if not schedule.num_steps:
         return
@@ -409,37 +413,72 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     handles: list = [None] * len(msgs)
     transport, peers, tag, timeout = channel.transport, channel.peers, channel.tag, channel.timeout
     isend, irecv = transport.isend, transport.irecv
+    links = getattr(transport, "links", None)
+    clock = _SendClock(links, itemsize) if links is not None else None
     for act in plan.actions:
         kind, mid = act[0], act[1]
         m = msgs[mid]
         peer = peers[m.peer]
         if kind == POST_RECV:
-            for sid in act[2]:
-                handles[sid].wait(timeout)
-                handles[sid] = None
+            _wait_sends(handles, act[2], timeout, clock)
             view = (buffers[m.buf][m.offset:m.offset + m.count] if m.direct
                     else scratch[m.scratch:m.scratch + m.count])
             handles[mid] = irecv(view, peer, tag + m.step)
         elif kind == POST_SEND:
-            for sid in act[2]:
-                handles[sid].wait(timeout)
-                handles[sid] = None
+            _wait_sends(handles, act[2], timeout, clock)
             handles[mid] = isend(buffers[m.buf][m.offset:m.offset + m.count], peer, tag + m.step)
+            if clock is not None and m.count >= clock.min_count:
+                clock.posted(mid, peer, m.count)
         else:
             handles[mid].wait(timeout)
             handles[mid] = None
-            for sid in act[2]:
-                handles[sid].wait(timeout)
-                handles[sid] = None
+            _wait_sends(handles, act[2], timeout, clock)
             if not m.direct:
-                dst = buffers[m.buf][m.offset:m.offset + m.count]
-                src = scratch[m.scratch:m.scratch + m.count]
-                if m.reduce:
-                    if combine is None:
-                        raise ValueError(f"schedule {schedule.name!r} reduces, but no reduction was given")
-                    combine(dst, src)
-                else:
-                    dst.copy_(src)
-    for sid in plan.tail_waits:
-        if handles[sid] is not None:
+                _apply(schedule, m, buffers, scratch, combine)
+    _wait_sends(handles, [sid for sid in plan.tail_waits if handles[sid] is not None], timeout, clock)
+
+
+def _apply(schedule: Schedule, m: Msg, buffers, scratch: torch.Tensor, combine) -> None:
+    """Reduce or copy received message ``m`` from the scratch into its place."""
+    dst = buffers[m.buf][m.offset:m.offset + m.count]
+    src = scratch[m.scratch:m.scratch + m.count]
+    if m.reduce:
+        if combine is None:
+            raise ValueError(f"schedule {schedule.name!r} reduces, but no reduction was given")
+        combine(dst, src)
+    else:
+        dst.copy_(src)
+
+
+def _wait_sends(handles: list, sids, timeout, clock: "_SendClock | None") -> None:
+    """Wait for the sends ``sids`` (timed when ``clock`` posted them) and drop their handles."""
+    for sid in sids:
+        if clock is None:
             handles[sid].wait(timeout)
+        else:
+            clock.wait(handles[sid], sid, timeout)
+        handles[sid] = None
+
+
+class _SendClock:
+    """Post times of this execution's large sends, told to the transport's link counter at their wait."""
+
+    __slots__ = ("links", "itemsize", "min_count", "times")
+
+    def __init__(self, links, itemsize: int):
+        self.links, self.itemsize = links, itemsize
+        self.min_count = -(-links.min_bytes // itemsize)
+        self.times: dict[int, tuple[float, int, int]] = {}
+
+    def posted(self, mid: int, peer: int, count: int) -> None:
+        self.times[mid] = (time.perf_counter(), peer, count * self.itemsize)
+
+    def wait(self, handle, mid: int, timeout) -> None:
+        rec = self.times.pop(mid, None)
+        if rec is None:
+            handle.wait(timeout)
+            return
+        t0 = time.perf_counter()
+        handle.wait(timeout)
+        t1 = time.perf_counter()
+        self.links.add(rec[1], rec[2], t1 - rec[0], t1 - t0)

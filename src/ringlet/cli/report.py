@@ -1,7 +1,10 @@
-"""``ringlet report trace.json``: how much communication hid behind compute, step by step.
+"""``ringlet report trace.json``: how much communication hid behind compute, step by step, and the
+stragglers the job named.
 
 The numbers come from :func:`ringlet.bench.overlap.analyze` (re-exported here with its helpers); this
-command prints them as a table or as JSON.
+command prints them as a table or as JSON. The stragglers are the ``straggler`` / ``straggler_recovered``
+instants that :mod:`ringlet.straggler` marks on the timeline (one per rank that wrote the trace: the
+lowest rank's are listed).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from dataclasses import asdict
 import click
 
 from ..bench.overlap import Report, analyze, intersect, measure, summarize, union
+from ..timeline import read_events
 
 
 def _ms(us: float) -> str:
@@ -33,6 +37,42 @@ def format_report(rep: Report) -> str:
     return "\n".join(lines)
 
 
+STRAGGLER_TRACK_EVENTS = ("straggler", "straggler_recovered")
+
+
+def stragglers(events: list[dict]) -> list[dict]:
+    """The straggler verdicts of a timeline's events, in time order: each the event's arguments (rank,
+    host, kind, state, value, median, ranks, links) with ``ts_us``; from the lowest rank that marked any."""
+    marked = [e for e in events if e.get("name") in STRAGGLER_TRACK_EVENTS and e.get("ph") in ("i", "I")
+              and isinstance(e.get("args"), dict)]
+    if not marked:
+        return []
+    first = min(e.get("pid", 0) for e in marked)
+    return [dict(e["args"], ts_us=float(e["ts"])) for e in sorted(marked, key=lambda e: e["ts"])
+            if e.get("pid", 0) == first]
+
+
+def format_stragglers(found: list[dict]) -> str:
+    """One line per verdict (``ringlet report``'s section after the table)."""
+    if not found:
+        return "stragglers: none named"
+    lines = ["stragglers:"]
+    for v in found:
+        at = f"{v['ts_us'] / 1e6:10.3f} s"
+        who = f"rank {v['rank']} (host {v['host']})" if v["kind"] == "compute" else \
+            f"host {v['host']} (ranks {', '.join(map(str, v.get('ranks') or [v['rank']]))})"
+        if v["state"] != "straggler":
+            lines.append(f"  {at}  {who} recovered ({v['kind']}-bound before)")
+        elif v["kind"] == "compute":
+            lines.append(f"  {at}  {who} compute-bound: {v['value']:.3f} s per step against the others' "
+                         f"median {v['median']:.3f} s")
+        else:
+            links = ", ".join(f"{a}->{b}" for a, b in v.get("links") or [])
+            lines.append(f"  {at}  {who} network-bound: senders blocked {100 * v['value']:.1f}% on {links} "
+                         f"against the median {100 * v['median']:.1f}%")
+    return "\n".join(lines)
+
+
 @click.command("report")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
 @click.option("--rank", type=int, default=None, help="Rank whose events to analyse (default: the lowest).")
@@ -46,7 +86,12 @@ def report_cli(trace: str, rank: int | None, skip: int, as_json: bool) -> None:
         raise click.UsageError(str(exc)) from None
     if not rep.steps:
         raise click.ClickException(f"{trace}: no BACKWARD/FORWARD/COMMUNICATE spans or step marks found")
-    click.echo(json.dumps(asdict(rep), indent=1) if as_json else format_report(rep))
+    found = stragglers(read_events(trace))
+    if as_json:
+        click.echo(json.dumps(dict(asdict(rep), stragglers=found), indent=1))
+    else:
+        click.echo(format_report(rep) + "\n" + format_stragglers(found))
 
 
-__all__ = ["analyze", "format_report", "intersect", "measure", "report_cli", "summarize", "union"]
+__all__ = ["analyze", "format_report", "format_stragglers", "intersect", "measure", "report_cli", "stragglers",
+           "summarize", "union"]

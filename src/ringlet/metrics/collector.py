@@ -13,7 +13,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .. import steps
+from .. import steps, straggler
 from .fold import Cursor, Totals, cumulative
 from .scores import straggler_scores
 from .stepfold import STEP_BUCKETS, StepTotals
@@ -59,7 +59,7 @@ class RankCollector:
 
     def _families(self, rt):
         if self._rank is None:
-            yield from self._scores()
+            yield from self._scores(rt)
             return
         rank = self._rank
         info = GaugeMetricFamily("ringlet_rank_info", "This rank: its host, local rank, world size and transport.",
@@ -69,7 +69,7 @@ class RankCollector:
         yield from self._collectives(rank)
         yield from self._steps(rank)
         yield from self._liveness(rank, None if rt is None else rt.monitor)
-        yield from self._scores()
+        yield from self._scores(rt)
 
     def _collectives(self, rank: str):
         t = self.totals
@@ -142,9 +142,14 @@ class RankCollector:
                 verdict.add_metric([rank, str(v.rank), v.host, v.kind], 1.0)
         yield from (up, beats, silence, verdict)
 
-    def _scores(self):
-        g = GaugeMetricFamily("ringlet_straggler_score", "Straggler score of a rank (set by the straggler detector): "
-                              "1.0 ordinary, higher slower.", labels=["rank", "host"])
-        for (r, host), s in sorted(straggler_scores().items()):
+    def _scores(self, rt):
+        g = GaugeMetricFamily("ringlet_straggler_score", "How much slower than the others a rank is, as this "
+                              "rank's straggler detector last saw it (its time over the others' median, less 1; "
+                              "0: not slower), and scores set with set_straggler_score.", labels=["rank", "host"])
+        found = dict(straggler_scores())
+        if rt is not None:
+            for r, score in straggler.scores(rt).items():
+                found[(r, rt.hostnames[r])] = score
+        for (r, host), s in sorted(found.items()):
             g.add_metric([str(r), host], s)
         yield g

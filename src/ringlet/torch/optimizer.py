@@ -22,8 +22,7 @@ import warnings
 import torch
 
 from ringlet import collectives as _core
-from ringlet import steps as step_clock
-from ringlet import timeline
+from ringlet import straggler, timeline
 from ringlet.types import ReduceOp
 
 from ringlet import compression as _ringlet_compression
@@ -74,6 +73,7 @@ class _DistributedOptimizer:
         self._sparse_dim: dict = {}  # param -> sparse_dim of its gradient, reduced as dense (sparse_as_dense)
         self._comm: Comm | None = None  # dense reductions go through the training seam
         hooked = process_set.included() and _world_size() > 1
+        self._meter = straggler.meter() if hooked else straggler.NullMeter()  # step times (straggler detection)
         if hooked:
             self._register_hooks()
         self._groups = _make_groups(groups, self._requires_update)
@@ -210,8 +210,10 @@ class _DistributedOptimizer:
         if not self._requires_update:
             self._synchronized = True
             return
+        self._meter.grads_ready()
         try:
-            step_clock.wait_for(lambda: self._ordered.finish(self._dense_grad))
+            with self._meter.waiting():
+                self._ordered.finish(self._dense_grad)
             self._resparsify()
         finally:
             self._end_step()
@@ -248,7 +250,7 @@ class _DistributedOptimizer:
         self._hook_span = None
         out = super().step(closure)
         timeline.mark_step()
-        step_clock.mark()
+        self._meter.end_step()
         return out
 
     def zero_grad(self, *args, **kwargs):

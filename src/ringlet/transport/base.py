@@ -88,6 +88,36 @@ class WireCounter:
             return WireCount(self._sent, self._received, self._msent, self._mreceived, self._native)
 
 
+class LinkCounter:
+    """Per-peer timing of this rank's large sends (at least ``min_bytes``), for straggler detection
+    (:mod:`ringlet.straggler`): the executor calls :meth:`add` at each such send's wait with its bytes,
+    the seconds from post to the end of its wait, and the seconds blocked in that wait. A transport has
+    one only while a straggler meter is attached (``transport.links``; None otherwise), so smaller
+    messages and unmetered jobs pay nothing. Written by the thread running collectives and read by the
+    liveness thread without a lock: a snapshot may miss the message being added, never more."""
+
+    __slots__ = ("min_bytes", "peers")
+
+    def __init__(self, min_bytes: int = 64 << 10) -> None:
+        if min_bytes < 1:
+            raise ValueError(f"LinkCounter.min_bytes must be positive, got {min_bytes}")
+        self.min_bytes = min_bytes
+        self.peers: dict[int, list] = {}  # peer -> [bytes, elapsed s, blocked s, messages]
+
+    def add(self, peer: int, nbytes: int, elapsed: float, blocked: float) -> None:
+        row = self.peers.get(peer)
+        if row is None:
+            row = self.peers.setdefault(peer, [0, 0.0, 0.0, 0])
+        row[0] += nbytes
+        row[1] += elapsed
+        row[2] += blocked
+        row[3] += 1
+
+    def snapshot(self) -> dict[int, tuple[int, float, float, int]]:
+        """Totals per peer so far: (bytes, elapsed s, blocked s, messages)."""
+        return {peer: tuple(row) for peer, row in list(self.peers.items())}
+
+
 def nbytes(buf: torch.Tensor) -> int:
     """Payload bytes of a tensor."""
     return buf.numel() * buf.element_size()
@@ -189,6 +219,8 @@ class Transport(abc.ABC):
 
     # Set by :meth:`abort`: the error every pending and later operation fails with.
     aborted: Exception | None = None
+    # Per-peer timing of large sends (:class:`LinkCounter`), set while a straggler meter is attached.
+    links: LinkCounter | None = None
 
     def close(self) -> None:
         return None

@@ -95,8 +95,7 @@ from typing import Iterator
 import torch
 
 from ringlet import collectives as _core
-from ringlet import steps as step_clock
-from ringlet import timeline
+from ringlet import steps as step_clock, straggler, timeline
 from ringlet.tuning import StepTuner, TrialPlan
 from ringlet.tuning.adaptive import Switch
 from ringlet.types import ReduceOp
@@ -159,6 +158,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         # Scripts ported from torch DDP call ringlet.init() only, which does not read RINGLET_TIMELINE.
         timeline.configure_from_env(_core.runtime().rank)
         self._comm = Comm(group if group is not None else process_group, algorithm)
+        self._meter = straggler.meter()  # this rank's step times, for straggler detection
         self._size = self._comm.size
         DistributedDataParallel._instances += 1
         # Op names (checked across ranks): identical on every rank as long as ranks wrap modules in the same order.
@@ -257,11 +257,12 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
             self._start_step()
         if self._sets.factors_on:
             self._factors.enable()  # capture from the DDP's forwards until the layer's reduction is launched
-        if self._early_buffers is not None:
-            self._early_buffers.finish()  # launched as the last backward began (overlap_optimizer)
-            self._early_buffers = None
-        elif self.options.broadcast_buffers and self._size > 1:
-            broadcast_coalesced(self._comm, self._synced_buffers(), f"{self._prefix}.buffers")
+        with self._meter.waiting():
+            if self._early_buffers is not None:
+                self._early_buffers.finish()  # launched as the last backward began (overlap_optimizer)
+                self._early_buffers = None
+            elif self.options.broadcast_buffers and self._size > 1:
+                broadcast_coalesced(self._comm, self._synced_buffers(), f"{self._prefix}.buffers")
         tl = timeline.active()
         t0 = timeline.now_us() if tl is not None else 0.0
         out = self.module(*inputs, **kwargs)  # with overlap_optimizer, modules' pre-hooks land their updates
@@ -315,8 +316,8 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         the buckets after the first reduced backward, pick the bucket set of this step."""
         if self._traces_steps:
             timeline.mark_step()
-            step_clock.mark()
         self._step_open = True
+        self._meter.begin_step()  # the buffers' broadcast in forward counts as a wait
         decision = self._steps.step_started()
         if decision is not None:
             self._switch(decision)
@@ -331,8 +332,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         """Apply the tuner's decision: the bucket set not chosen is dropped (its buffers, and the factor
         capture when dense won). With ``sufficient_factors=True`` the factors were not on trial."""
         per_rank = self._steps.per_rank_ms(decision, self._size)
-        log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)",
-                 decision.choice, per_rank)
+        log.info("DistributedDataParallel: all-reduce algorithm %r (median step ms per candidate: %s)", decision.choice, per_rank)
         timeline.instant("tuning", "choose_algorithm", {"choice": decision.choice, "step_ms": per_rank})
         if self._retrial_from is None:
             step_clock.switched("algorithm")  # a re-trial's decision is counted by the adjuster's report
@@ -416,6 +416,7 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
     def _finalize(self) -> None:
         """End of backward: launch what is left, wait for every bucket, write the averages into ``.grad``
         (with :meth:`overlap_optimizer`: leave them in flight, pending until the next forward)."""
+        self._meter.grads_ready()
         with self._lock:
             missing = self._reducer.complete()  # zeros keep the ranks in step even when this rank is about to raise
             if self.options.find_unused_parameters:
@@ -431,11 +432,13 @@ class DistributedDataParallel(ReadOuts, torch.nn.Module):
         if self._adjust is not None:
             self._adjust.backward_done((t_last - t_first) * 1e-6)
         if self._overlap is None:
-            step_clock.wait_for(self._wait_all)
+            with self._meter.waiting():
+                self._wait_all()
             if tl is not None:
                 self._launch.record(tl)
         else:
             self._overlap.begin()
+        self._meter.end_step()
         self._step_open = False
         self._arrivals.complete()
         if missing and not self.options.find_unused_parameters:

@@ -10,6 +10,7 @@ import torch
 
 import ringlet
 from ringlet import collectives as _core
+from ringlet import straggler
 
 from ..ddp import DistributedDataParallel
 from .boundary import MAX_MICROBATCHES
@@ -85,6 +86,10 @@ class Pipeline:
         prev = rt.rank - self.replicas if self.stage > 0 else None
         nxt = rt.rank + self.replicas if self.stage < stages - 1 else None
         self._runner = StageRunner(self.stage, stages, prev, nxt, forward, no_sync, arm)
+        # Straggler detection: the waits on the neighbouring stages are waits, and only the replicas of a
+        # stage (the same work) are compared, whoever meters the steps (the DDP here, or a ZeroOptimizer).
+        self._runner.meter = straggler.meter()
+        self._runner.meter.cohort = f"pipeline stage {self.stage}"
         self._actions = SCHEDULES[schedule](self.stage, stages, microbatches)
         self._failed: BaseException | None = None  # a step that failed once it had begun to communicate
 

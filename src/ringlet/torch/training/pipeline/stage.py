@@ -10,6 +10,7 @@ import torch
 
 import ringlet
 from ringlet import timeline
+from ringlet.straggler import NullMeter
 
 from .boundary import HEADER_TAG, Header, Pool, act_tag, grad_tag
 from .schedules import FORWARD, Action
@@ -88,6 +89,7 @@ class StageRunner:
         self._forward, self._no_sync, self._arm = forward, no_sync, arm
         self._acts, self._grads = Pool(), Pool()
         self.stats = StepStats(stages)
+        self.meter = NullMeter()  # the straggler meter its waits on the neighbouring stages go to
 
     # ---- a step ----------------------------------------------------------------------------------------
     def run(self, actions: tuple[Action, ...], step: _Step, microbatches: int) -> float | None:
@@ -118,7 +120,9 @@ class StageRunner:
         try:
             return fn()
         finally:
-            self.stats.wait_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.stats.wait_s += dt
+            self.meter.add_wait(dt)
 
     def _take_header(self) -> None:
         st = self._st

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from ringlet import steps as step_clock
+from ringlet import straggler
 from ..launch_bounded import BoundedLaunch
 from ..reducer import BucketReducer
 from .layout import Layout
@@ -195,7 +195,8 @@ class StreamedGradients:
         with self._lock:
             try:
                 self._bucket_reducer.complete()
-                step_clock.wait_for(self._bucket_reducer.wait)
+                with straggler.meter().waiting():  # the end of backward waits for the last buckets
+                    self._bucket_reducer.wait()
                 self._bucket_reducer.deliver()
             finally:
                 self._in_backward = False

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ringlet import steps as step_clock
+from ringlet import straggler
 from ...comm import Comm
 from .clip import clip_shards_
 from .flat_params import FlatParameters
@@ -78,6 +78,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._comm = Comm(options.group)
         self._reducer = options.reducer if options.reducer is not None else Reducer(self._comm)
         self._prefix = f"zero{next(_ids)}"
+        self._meter = straggler.meter()  # this rank's step times, for straggler detection
         self._working = Working()
         partition = partition_for(optimizer_class, options)
         if stage < 3:
@@ -193,11 +194,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._grads.sync()
+        self._meter.grads_ready()
+        with self._meter.waiting():
+            self._grads.sync()
         self._shards.optimizer.step()
         self._grads.stepped()
-        self._refresh()
-        step_clock.mark()
+        with self._meter.waiting():
+            self._refresh()
+        self._meter.end_step()
         return loss
 
     def _refresh(self) -> None:

@@ -54,6 +54,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ringlet import straggler
 from ringlet.types import MismatchError
 
 from .layout import Layout
@@ -95,6 +96,7 @@ class ShardedParameters:
         where = where_of(layout, len(named))
         self.module, self.layout, self.reducer, self.on_gradient = module, layout, reducer, on_gradient
         self.prefetch = prefetch
+        self._meter = straggler.meter()  # gathers waited for in forward and backward count as waits
         bindings, self._needs = bindings_of(module, named, layout, where)
         self.units = [Unit(b, reducer.shard_rank, [named[s.index][1] for s in b.slots], bindings[b.index],
                            unit_name(b), self._resolve) for b in layout.buckets]
@@ -289,7 +291,8 @@ class ShardedParameters:
         for b in fresh:
             self._acquire_forward(b)
         for b in fresh:
-            self.units[b].wait()
+            with self._meter.waiting():
+                self.units[b].wait()
             self.units[b].bind_views()
         self._saved.__enter__()
         frame[1] = True
@@ -361,7 +364,8 @@ class ShardedParameters:
             self._issue(b)
         self._bwd_use.add(b)
         self._prefetch(walk)
-        u.wait()
+        with self._meter.waiting():
+            u.wait()
 
     def _gradient(self, b: int) -> None:
         walk = self._backward()
