@@ -263,9 +263,7 @@ class Runtime:
         try:
             result = op.run(self.channel(op.group))
         except BaseException as exc:
-            flight.failed(rec, exc)
-            if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
-                self._dump_failure(exc)
+            self._failed(rec, exc)
             raise
         rec[_END] = _monotonic()
         ran = getattr(op, "ran", None)
@@ -289,11 +287,16 @@ class Runtime:
         try:
             yield ch
         except BaseException as exc:
-            flight.failed(e, exc)
-            if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
-                self._dump_failure(exc)
+            self._failed(e, exc)
             raise
         e[_END] = _monotonic()
+
+    def _failed(self, entry: list, exc: BaseException) -> None:
+        """Flight-record entry ``entry`` failed with ``exc``; a peer's failure, a timeout or a mismatch also
+        writes the record (once)."""
+        flight.failed(entry, exc)
+        if isinstance(exc, (PeerError, CollectiveTimeout, MismatchError)):
+            self._dump_failure(exc)
 
     def _dump_failure(self, exc: BaseException) -> None:
         """Write the flight record once, on the first failed collective; a failed write is logged."""
