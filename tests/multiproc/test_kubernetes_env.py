@@ -70,6 +70,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def pod_env(host: str | None, results: Path, **env) -> dict:
     """A pod's environment: this machine's minus every launcher's variables, the venv first on PATH (the
     image's python and torchrun), the Secret as RINGLET_JOB_SECRET, and what the operator sets (``env``)."""
@@ -212,7 +217,11 @@ def test_multinode_torchrun_elastic(tmp_path):
             "--epochs", "1"]
     script = " ".join(argv)
     first = start_pod(script, pod_env("node-a", tmp_path), tmp_path)
-    time.sleep(3)  # the first agent is in the rendezvous on its own when the second comes
+    # The second comes once the first is in the rendezvous on its own (it hosts the c10d store then);
+    # the first waits for more nodes for last_call_timeout (30 s) after reaching its minimum.
+    deadline = time.monotonic() + 60
+    while not _listening(port) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     second = start_pod(script, pod_env("node-b", tmp_path), tmp_path)
     done = finish_pods([first, second])
     assert [rc for rc, _, _ in done] == [0, 0], report(done)
