@@ -89,8 +89,9 @@ def test_no_rendezvous_host_names_the_address():
 @pytest.mark.parametrize("env,authenticated", [
     ({}, False),                                                                   # no secret: torch's store
     ({"RINGLET_JOB_SECRET": SECRET}, True),                                        # a store ringlet hosts (srun)
-    ({"RINGLET_JOB_SECRET": SECRET, "TORCHELASTIC_RUN_ID": "none"}, False),        # torchrun's agent
-    ({"RINGLET_JOB_SECRET": SECRET, "TORCHELASTIC_RUN_ID": "x", "RINGLET_AGENT_STORE": "ringlet"}, True),
+    ({"RINGLET_JOB_SECRET": SECRET, "TORCHELASTIC_RUN_ID": "x"}, True),            # a store ringlet hosts (Ray)
+    ({"RINGLET_JOB_SECRET": SECRET, "TORCHELASTIC_RUN_ID": "none", "ROLE_NAME": "default"}, False),  # torchrun
+    ({"RINGLET_JOB_SECRET": SECRET, "ROLE_NAME": "ringlet", "RINGLET_AGENT_STORE": "ringlet"}, True),  # ringlet run
 ])
 def test_which_agent_store(env, authenticated):
     assert agent_store_authenticated(env) is authenticated

@@ -96,14 +96,16 @@ AGENT_STORE_ENV = "RINGLET_AGENT_STORE"  # "ringlet": the agent store is ringlet
 def agent_store_authenticated(environ=None) -> bool:
     """Whether the store ``TORCHELASTIC_USE_AGENT_STORE`` announces is ringlet's authenticated one.
 
-    It is when the job has a secret, unless another launcher's torch elastic agent hosts it: torchrun's
-    agent (``TORCHELASTIC_RUN_ID`` set without ``ringlet run``'s :data:`AGENT_STORE_ENV`) hosts torch's
-    ``TCPStore``, which speaks no handshake, even when ``RINGLET_JOB_SECRET`` is set for the Gloo pairs
-    (a Kubernetes Secret under torchrun, docs/kubernetes.md)."""
+    It is when the job has a secret, unless torch's elastic agent started this process for another
+    launcher than ``ringlet run``: torchrun's agent (which names every worker's role in ``ROLE_NAME``;
+    ``ringlet run`` adds :data:`AGENT_STORE_ENV`) hosts torch's ``TCPStore``, which speaks no handshake,
+    even when ``RINGLET_JOB_SECRET`` is set for the Gloo pairs (a Kubernetes Secret under torchrun,
+    docs/kubernetes.md). Stores that ringlet hosts for processes no agent started (``srun``, Ray actors)
+    are ringlet's."""
     env = os.environ if environ is None else environ
     if job_secret(env) is None:
         return False
-    return env.get(AGENT_STORE_ENV, "") == "ringlet" or not env.get("TORCHELASTIC_RUN_ID")
+    return env.get(AGENT_STORE_ENV, "") == "ringlet" or "ROLE_NAME" not in env
 
 
 def connect_agent_store(addr: str, port: int, *, timeout: float = 300.0, connect_timeout: float = 60.0,
