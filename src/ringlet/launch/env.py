@@ -41,7 +41,8 @@ BOOT_DIR = str(Path(__file__).with_name("boot"))  # its sitecustomize: env:// on
 
 def worker_env(cfg: RunConfig, hosts) -> dict:
     """Variables added to every rank's environment (beside the launcher's own, which ranks inherit)."""
-    env = {"RINGLET_TRANSPORT": cfg.transport}
+    # the agent store the ranks find is ringlet's authenticated one, not torchrun's (store/torch_store.py)
+    env = {"RINGLET_TRANSPORT": cfg.transport, "RINGLET_AGENT_STORE": "ringlet"}
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
     if hosts is not None:

@@ -90,6 +90,34 @@ def connect(addr: str, port: int, *, timeout: float = 300.0, connect_timeout: fl
     return RingletStore(StoreClient(addr, int(port), secret, timeout=timeout, connect_timeout=connect_timeout))
 
 
+AGENT_STORE_ENV = "RINGLET_AGENT_STORE"  # "ringlet": the agent store is ringlet's (``ringlet run`` sets it)
+
+
+def agent_store_authenticated(environ=None) -> bool:
+    """Whether the store ``TORCHELASTIC_USE_AGENT_STORE`` announces is ringlet's authenticated one.
+
+    It is when the job has a secret, unless torch's elastic agent started this process for another
+    launcher than ``ringlet run``: torchrun's agent (which names every worker's role in ``ROLE_NAME``;
+    ``ringlet run`` adds :data:`AGENT_STORE_ENV`) hosts torch's ``TCPStore``, which speaks no handshake,
+    even when ``RINGLET_JOB_SECRET`` is set for the Gloo pairs (a Kubernetes Secret under torchrun,
+    docs/kubernetes.md). Stores that ringlet hosts for processes no agent started (``srun``, Ray actors)
+    are ringlet's."""
+    env = os.environ if environ is None else environ
+    if job_secret(env) is None:
+        return False
+    return env.get(AGENT_STORE_ENV, "") == "ringlet" or "ROLE_NAME" not in env
+
+
+def connect_agent_store(addr: str, port: int, *, timeout: float = 300.0, connect_timeout: float = 60.0,
+                        environ=None):
+    """A client of the launcher's agent store at ``addr:port``: ringlet's or torch's, as
+    :func:`agent_store_authenticated` decides."""
+    if agent_store_authenticated(environ):
+        return connect(addr, port, timeout=timeout, connect_timeout=connect_timeout, environ=environ)
+    return dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
 def job_store(timeout: float = 300.0, environ=None):
     """A new client of the store of the launcher this process runs under (``MASTER_ADDR``/
     ``MASTER_PORT`` with ``TORCHELASTIC_USE_AGENT_STORE``), or None when there is none."""
@@ -99,4 +127,4 @@ def job_store(timeout: float = 300.0, environ=None):
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if not addr or not port:
         return None
-    return connect(addr, int(port), timeout=timeout, environ=env)
+    return connect_agent_store(addr, int(port), timeout=timeout, environ=env)

@@ -50,9 +50,9 @@ def store_from_env(env, rank: int, size: int, timeout: float, instance: int):
     where = int(port) if agent else int(env.get("RINGLET_SHM_PORT") or int(port) + 1)
     try:
         if agent:
-            from ..store.torch_store import connect
+            from ..store.torch_store import connect_agent_store
 
-            store = connect(addr, where, timeout=timeout)
+            store = connect_agent_store(addr, where, timeout=timeout, environ=env)
         else:
             store = TCPStore(addr, where, size, rank == 0, timeout=wait, wait_for_workers=False)
     except RuntimeError as exc:

@@ -153,12 +153,14 @@ def _new_group(*args, auth_timeout: float, **kwargs):
 
 def _env_rendezvous(timeout: float):
     """(store, rank, world size) of the ``env://`` variables: the launcher's store (authenticated under
-    ``ringlet run``), or torch's own ``env://`` rendezvous when the launcher has none."""
+    ``ringlet run``), or, when the launcher has none, a bounded ``env://`` rendezvous that names what is
+    wrong on every rank (:mod:`._env_join`)."""
     from ..store.torch_store import job_store
+    from ._env_join import env_rendezvous
 
     store = job_store(timeout)
     if store is None:
-        return next(_dist().rendezvous("env://"))
+        return env_rendezvous(timeout, _generation, os.environ)
     return store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
