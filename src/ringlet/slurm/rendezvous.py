@@ -22,21 +22,26 @@ At exit every task counts itself out and task 0 keeps the store up until all hav
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import os
 import socket
+import threading
 import time
 
 from ..layout import Layout, layout_env
 from ..security.handshake import AuthError
 from ..security.secret import SECRET_ENV, job_secret
 from ..store import StoreClient, StoreError, StoreServer
-from .step import ENV_ADDR, ENV_PORT, ENV_TIMEOUT, SlurmEnvError, SlurmStep, TaskEnvError, in_step, read_step
+from .step import (ENV_ADDR, ENV_PORT, ENV_TIMEOUT, SlurmEnvError, SlurmStep, TaskEnvError, endpoint_hint, in_step,
+                   read_step)
 
 PREFIX = "ringlet/slurm"
 ERROR_KEY = f"{PREFIX}/error"
 EXIT_WAIT = 30.0  # seconds task 0 keeps the store up at exit for tasks still counting out
 POLL = 0.05
+HINT_WAIT = 2.0  # seconds a task whose step variables are wrong tries to tell the others
+LINGER = 2.0  # seconds task 0's store stays up after a failed rendezvous, for the others to read why
 
 _server: StoreServer | None = None   # task 0's store, for the life of the process
 _client: StoreClient | None = None   # this task's rendezvous connection, kept for the count-out
@@ -60,9 +65,13 @@ def prepare(transport=None, env=None) -> SlurmStep | None:
         step = read_step(env)
     except TaskEnvError as exc:
         secret = _secret(env, exc.step)
-        _tell_others(exc.step, secret, f"task {exc.step.rank}: {exc}")
+        _tell_others(exc.step.addr, exc.step.port, secret, f"task {exc.step.rank}: {exc}", min(exc.step.timeout, 5.0))
         raise _fail(exc.step, str(exc)) from None
     except SlurmEnvError as exc:
+        hint = endpoint_hint(env)
+        if hint is not None and env.get(SECRET_ENV, "").strip():
+            with contextlib.suppress(ValueError):
+                _tell_others(*hint, job_secret(env), f"task {env.get('SLURM_PROCID', '?')}: {exc}", HINT_WAIT)
         raise _fail(env, str(exc)) from None
     secret = _secret(env, step)
     client = _join(step, secret)
@@ -123,32 +132,40 @@ def _connect(step: SlurmStep, secret: bytes, timeout: float) -> StoreClient:
                           f"{ENV_TIMEOUT} change the host, port and wait)") from None
 
 
-def _tell_others(step: SlurmStep, secret: bytes, msg: str) -> None:
-    """Best effort: post ``msg`` where the other tasks wait, so that they stop now rather than at the timeout."""
+def _tell_others(addr: str, port: int, secret: bytes, msg: str, wait: float) -> None:
+    """Best effort: post ``msg`` where the other tasks wait (trying to reach it for ``wait`` seconds), so that
+    they stop now rather than at the timeout. The first reason posted stays."""
     try:
-        client = StoreClient(step.addr, step.port, secret, timeout=5.0, connect_timeout=min(step.timeout, 5.0))
-        client.set(ERROR_KEY, msg)
+        client = StoreClient(addr, port, secret, timeout=5.0, connect_timeout=wait)
+        client.compare_set(ERROR_KEY, "", msg)
         client.close()
     except Exception:  # noqa: BLE001 - the task raises its own error anyway
         pass
 
 
 def _join(step: SlurmStep, secret: bytes) -> StoreClient:
-    """Steps 2-3 of the module docstring; returns this task's connection to the store."""
+    """Steps 2-3 of the module docstring; returns this task's connection to the store. When it fails, task 0
+    posts why (the others stop at once) and closes its store :data:`LINGER` seconds later."""
     global _server
     if step.rank == 0 and _server is None:
         _server = _serve(step, secret)
-    client = _connect(step, secret, step.timeout)
+    client = None
     try:
+        client = _connect(step, secret, step.timeout)
         _same_step(client, step)
         _check_in(client, step)
+        return client
     except StoreError as exc:
+        err = _fail(step, f"the rendezvous at {_where(step)} failed: {exc}")
+    except SlurmEnvError as exc:
+        err = exc
+    if client is not None:
         client.close()
-        raise _fail(step, f"the rendezvous at {_where(step)} failed: {exc}") from None
-    except SlurmEnvError:
-        client.close()
-        raise
-    return client
+    if step.rank == 0 and _server is not None:
+        _tell_others(step.addr, step.port, secret, str(err), 1.0)
+        threading.Timer(LINGER, _server.close).start()
+        _server = None
+    raise err
 
 
 def _same_step(client: StoreClient, step: SlurmStep) -> None:
@@ -161,6 +178,7 @@ def _same_step(client: StoreClient, step: SlurmStep) -> None:
     except StoreError:
         raise _fail(step, f"the store at {_where(step)} never said which step it serves") from None
     if theirs != step.describe():
+        client.compare_set(ERROR_KEY, "", f"task {step.rank} is in {step.describe()!r}, task 0 in {theirs!r}")
         raise _fail(step, f"the rendezvous at {_where(step)} serves {theirs!r}, but this task is in "
                           f"{step.describe()!r}: the tasks' Slurm variables disagree, or another step holds the "
                           f"port (set {ENV_PORT})")
@@ -169,7 +187,7 @@ def _same_step(client: StoreClient, step: SlurmStep) -> None:
 def _check_in(client: StoreClient, step: SlurmStep) -> None:
     if client.add(f"{PREFIX}/task/{step.rank}", 1) > 1:
         msg = f"two tasks have SLURM_PROCID={step.rank}"
-        client.set(ERROR_KEY, msg)
+        client.compare_set(ERROR_KEY, "", msg)
         raise _fail(step, msg)
     arrived = client.add(f"{PREFIX}/arrived", 1)
     deadline = time.monotonic() + step.timeout

@@ -181,6 +181,21 @@ def _endpoint(env, nodes: list[str], job_id: int, step_id: int) -> tuple[str, in
     return addr, port, timeout
 
 
+def endpoint_hint(env) -> tuple[str, int] | None:
+    """Best effort for a task whose variables are wrong: where the others would meet (None when that
+    cannot be known either), so that it can tell them why it will not come."""
+    try:
+        _, text = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        nodes = expand_nodelist(text) if text else []
+        job_id, step_id = _int(env, "SLURM_JOB_ID", "SLURM_JOBID"), _int(env, "SLURM_STEP_ID", "SLURM_STEPID")
+        if not nodes and not (env.get(ENV_ADDR) or "").strip():
+            return None
+        addr, port, _ = _endpoint(env, nodes or [""], job_id, step_id)
+        return addr, port
+    except (SlurmEnvError, NodeListError):
+        return None
+
+
 def read_step(env=None) -> SlurmStep:
     """This task's :class:`SlurmStep`. Raises :class:`SlurmEnvError` when the step's variables are missing
     or disagree (task counts, node list), and :class:`TaskEnvError` when this task's own rank, node or
