@@ -143,3 +143,42 @@ def test_prepare_needs_the_secret(monkeypatch):
     assert rendezvous.prepare(env=step_env(RANK="0", WORLD_SIZE="4")) is None   # torchrun's world wins
     assert rendezvous.prepare("mpi", env=env) is None                           # MPI forms its own
     assert "RANK" not in env
+
+
+ALLOC = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "c[1-3]", "SLURM_TASKS_PER_NODE": "2(x3)"}
+
+
+@pytest.mark.parametrize("env, np, hosts", [
+    (ALLOC, None, [("c1", 2), ("c2", 2), ("c3", 2)]),
+    (ALLOC, 4, [("c1", 2), ("c2", 1), ("c3", 1)]),
+    (ALLOC, 2, [("c1", 1), ("c2", 1)]),
+    ({**ALLOC, "SLURM_TASKS_PER_NODE": ""}, None, [("c1", 1), ("c2", 1), ("c3", 1)]),
+    ({**ALLOC, "SLURM_STEP_ID": "4294967294"}, None, [("c1", 2), ("c2", 2), ("c3", 2)]),  # the batch step
+    ({**ALLOC, "SLURM_STEP_ID": "0"}, None, None),                                       # inside srun: not ours
+    ({**ALLOC, "SLURM_JOB_NODELIST": "c1", "SLURM_TASKS_PER_NODE": "4"}, None, None),    # one node: ringlet run alone
+    ({"SLURM_JOB_ID": "9"}, None, None),
+    ({}, 3, None),
+])
+def test_allocation_hosts(env, np, hosts):
+    from ringlet.slurm.allocation import allocation_hosts
+
+    assert allocation_hosts(np, env) == hosts
+
+
+def test_allocation_errors_and_placement(monkeypatch):
+    from ringlet.launch import api
+    from ringlet.launch.config import LaunchError
+    from ringlet.slurm.allocation import allocation_hosts, srun_rsh
+
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE='2\\(x2\\)' gives 2 nodes but SLURM_JOB_NODELIST has 3"):
+        allocation_hosts(None, {**ALLOC, "SLURM_TASKS_PER_NODE": "2(x2)"})
+    for k, v in ALLOC.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    assert api._placement(None, None, None, None, None, False) == ([("c1", 2), ("c2", 2), ("c3", 2)], srun_rsh())
+    assert api._placement(3, None, "ssh -tt", None, None, False) == ([("c1", 1), ("c2", 1), ("c3", 1)], "ssh -tt")
+    assert api._placement(None, "h:2", None, None, None, False) == ("h:2", "ssh")       # --hosts wins
+    assert api._placement(None, None, None, "mpi", None, False) == (None, "ssh")       # mpiexec has its own
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-")
+    with pytest.raises(LaunchError, match="Slurm allocation 9: host list"):
+        api._placement(None, None, None, None, None, False)
