@@ -82,7 +82,7 @@ SlurmdPort=6818
 $(for n in $NODES; do echo "NodeName=${n%%=*} NodeAddr=${n#*=} CPUs=4 State=UNKNOWN"; done)
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-mkdir -p "$W/ctld"
+mkdir -p "$W/ctld" "$W"/spool-rgl-h{0,1,2,3}
 export SLURM_CONF=$W/slurm.conf
 X h0 slurmctld -D -i >"$W/slurmctld.out" 2>&1 &
 PIDS+=($!)
@@ -103,7 +103,7 @@ export RINGLET_JOB_SECRET=$("$PY" -c 'import secrets; print(secrets.token_hex(32
 stamp="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
 job() {  # name, then the command (run inside host h0, where srun and salloc reach slurmctld)
   local name=$1; shift
-  { echo "# $stamp"; echo "\$ $*"; timeout 600 "$@"; echo "exit status: $?"; } >"$OUT/$name.txt" 2>&1
+  { echo "# $stamp"; echo "\$ $*"; timeout 420 "$@"; echo "exit status: $?"; } >"$OUT/$name.txt" 2>&1
   echo "$name: $(grep -h 'test accuracy' "$OUT/$name.txt" | head -1) $(tail -1 "$OUT/$name.txt")"
 }
 for ex in ddp hvd; do
