@@ -84,10 +84,11 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 mkdir -p "$W/ctld" "$W"/spool-rgl-h{0,1,2,3}
 export SLURM_CONF=$W/slurm.conf
-X h0 slurmctld -D -i >"$W/slurmctld.out" 2>&1 &
+# Started as plain commands (not through the shell function X), so that each $! is the daemon itself.
+"$PY" "$ROOT/src/ringlet/cluster/_rsh.py" --state "$STATE" --argv h0 slurmctld -D -i >"$W/slurmctld.out" 2>&1 &
 PIDS+=($!)
 for i in 0 1 2 3; do
-  X "h$i" slurmd -D -N "rgl-h$i" >"$W/slurmd-h$i.out" 2>&1 &
+  "$PY" "$ROOT/src/ringlet/cluster/_rsh.py" --state "$STATE" --argv "h$i" slurmd -D -N "rgl-h$i" >"$W/slurmd-h$i.out" 2>&1 &
   PIDS+=($!)
 done
 up=0
@@ -102,12 +103,11 @@ if [ "$up" != 1 ]; then echo "the 4 slurmd never became idle; see $OUT/sinfo.txt
 export RINGLET_JOB_SECRET=$("$PY" -c 'import secrets; print(secrets.token_hex(32))')
 stamp="$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
 job() {  # name, then the command (run inside host h0, where srun and salloc reach slurmctld)
-  local name=$1; shift
-  { echo "# $stamp"; echo "\$ $*"; timeout 420 "$@"; echo "exit status: $?"; } >"$OUT/$name.txt" 2>&1
+  local name=$1 t0=$SECONDS; shift
+  { echo "# $stamp"; echo "\$ $*"; timeout 420 "$@"; echo "exit status: $?, $((SECONDS - t0)) s"; } >"$OUT/$name.txt" 2>&1
   echo "$name: $(grep -h 'test accuracy' "$OUT/$name.txt" | head -1) $(tail -1 "$OUT/$name.txt")"
 }
 for ex in ddp hvd; do
-  job "reference-ringlet-run-cluster-np4-$ex" "${RINGLET[@]}" run --cluster -np 4 -- "$PY" "examples/train_digits_$ex.py" --epochs "$EPOCHS"
   job "srun-N4-n4-$ex" "${IN_H0[@]}" srun -N 4 -n 4 "$PY" "examples/train_digits_$ex.py" --epochs "$EPOCHS"
   job "srun-N2-n4-$ex" "${IN_H0[@]}" srun -N 2 -n 4 "$PY" "examples/train_digits_$ex.py" --epochs "$EPOCHS"
 done
@@ -117,5 +117,8 @@ INIT='import ringlet; ringlet.init(); print("world of", ringlet.size())'
 job fail-no-secret "${IN_H0[@]}" env -u RINGLET_JOB_SECRET srun -N 2 -n 4 "$PY" -c "$INIT"
 job fail-no-answer "${IN_H0[@]}" env RINGLET_SLURM_ADDR=10.213.0.250 RINGLET_SLURM_TIMEOUT=5 srun -N 2 -n 4 "$PY" -c "$INIT"
 job allocation-not-a-step "${IN_H0[@]}" salloc -N 2 -n 4 "$PY" -c "$INIT"
+for ex in ddp hvd; do
+  job "reference-ringlet-run-cluster-np4-$ex" "${RINGLET[@]}" run --cluster -np 4 -- "$PY" "examples/train_digits_$ex.py" --epochs "$EPOCHS"
+done
 { for f in "$OUT"/[a-z]*-*.txt; do echo "== $(basename "$f"): $(grep -hc 'ringlet.init under Slurm' "$f") task errors; $(grep -h 'test accuracy\|world of' "$f" | head -2 | tr '\n' ' ')$(tail -1 "$f")"; done; } >"$OUT/summary.txt"
 cat "$OUT/summary.txt"
