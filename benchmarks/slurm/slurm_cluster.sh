@@ -19,6 +19,7 @@ OUT=$ROOT/benchmarks/slurm/results
 W=/tmp/ringlet-slurm
 STATE=/run/ringlet/cluster.json
 mkdir -p "$OUT"
+umount -R -l "$W/cgroup" 2>/dev/null  # a bind of the cgroup file system from an interrupted run: never rm -rf through it
 rm -rf "$W" && mkdir -p "$W"
 PIDS=()
 STARTED_MUNGE=0
@@ -33,6 +34,7 @@ teardown() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
   [ "$STARTED_MUNGE" = 1 ] && [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null
   R cluster down >/dev/null 2>&1
+  umount -R -l "$W/cgroup" 2>/dev/null
   cp "$W"/*.log "$OUT/" 2>/dev/null
   return 0
 }
@@ -82,7 +84,13 @@ SlurmdPort=6818
 $(for n in $NODES; do echo "NodeName=${n%%=*} NodeAddr=${n#*=} CPUs=4 State=UNKNOWN"; done)
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-mkdir -p "$W/ctld" "$W"/spool-rgl-h{0,1,2,3}
+mkdir -p "$W/ctld" "$W"/spool-rgl-h{0,1,2,3} "$W/cgroup"
+# slurmd loads its cgroup plugin even with proctrack/linuxproc and task/none, and `ip netns exec` remounts /sys
+# without the cgroup file system: a bind of it outside /sys (made before entering, so every host sees it)
+# and cgroup.conf pointing there.
+mount --rbind /sys/fs/cgroup "$W/cgroup" || exit 1
+if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then CG=cgroup/v2; else CG=cgroup/v1; fi
+printf 'CgroupPlugin=%s\nCgroupMountpoint=%s\n' "$CG" "$W/cgroup" >"$W/cgroup.conf"
 export SLURM_CONF=$W/slurm.conf
 # Started as plain commands (not through the shell function X), so that each $! is the daemon itself.
 "$PY" "$ROOT/src/ringlet/cluster/_rsh.py" --state "$STATE" --argv h0 slurmctld -D -i >"$W/slurmctld.out" 2>&1 &
