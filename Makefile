@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # fill those gaps (the suite is CPU-bound on 2 cores; docs/testing.md).
 XDIST ?= -n 3 --dist loadfile
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-slow bench slurm-cluster clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ test-slow: setup
 
 bench: setup
 	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_one_host/allreduce_bench.py
+
+# A real Slurm (slurm-wlm, munge) on the emulated hosts, srun and salloc runs of the examples; needs root
+# and the machine to itself for about 8 minutes (benchmarks/slurm/README.md).
+slurm-cluster: setup
+	PY=$(abspath $(PY)) flock /tmp/ringlet-cluster.lock benchmarks/slurm/slurm_cluster.sh
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -31,9 +31,9 @@ _atexit_registered = False
 def init(transport=None, options: Options | None = None) -> Runtime:
     """Start ringlet in this process. A second call while initialised is a no-op.
 
-    ``transport``: a name (``"torch"``, ``"mpi"``, ``"shm"``), a ready :class:`~ringlet.transport.Transport`,
-    or ``None`` to follow the launcher (``RINGLET_TRANSPORT``, torchrun's env, mpiexec's env; a lone
-    process gets a world of one).
+    ``transport``: a name (``"torch"``, ``"mpi"``, ``"shm"``), a ready :class:`~ringlet.transport.Transport`, or
+    ``None`` to follow the launcher (``RINGLET_TRANSPORT``, torchrun's, mpiexec's or an ``srun`` step's env: see
+    docs/launching.md; a lone process gets a world of one).
 
     Over the shm transport in a job started with torchrun's env:// variables (``ringlet run`` on one
     host), torch.distributed's default Gloo group is created too, as the torch transport does, so that
@@ -46,18 +46,18 @@ def init(transport=None, options: Options | None = None) -> Runtime:
     raises ``ValueError`` naming it, on every rank.
     """
     global _atexit_registered
-    from . import collectives
+    from . import collectives, memory
+    from .slurm.rendezvous import prepare as _slurm_world
     from .transport import Transport, create, detect
 
     if collectives._runtime is not None:
         return collectives._runtime
-    from . import memory
-
     decay = memory.decay_interval()  # a bad RINGLET_MALLOC_DECAY raises before anything starts
     stall_options = stall.StallOptions.from_env()  # so does a bad RINGLET_STALL_WARN_S / _SHUTDOWN_S
     if isinstance(transport, Transport):
         tr = transport
     else:
+        _slurm_world(transport)  # a task of srun: the step's world (docs/launching.md); raises when it is wrong
         name = (transport or detect()).strip().lower()
         if name == "shm":
             _torch_group_beside((options or Options.from_env()).timeout)

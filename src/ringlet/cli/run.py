@@ -29,7 +29,8 @@ _TRANSPORT_HELP = ("How ranks talk: shm (shared memory, one host), torch (Gloo; 
 @click.option("-np", "--np", "np", type=int, default=None, help="Number of ranks (default: all --hosts slots).")
 @click.option("-H", "--hosts", default=None, help="Host list NAME:SLOTS,... (default: this machine only).")
 @click.option("--transport", type=click.Choice(TRANSPORTS), default=None, help=_TRANSPORT_HELP)
-@click.option("--rsh", default="ssh", show_default=True, help="Remote shell used for hosts other than this one.")
+@click.option("--rsh", default=None,
+              help="Remote shell used for hosts other than this one (default: ssh; srun inside a Slurm allocation).")
 @click.option("--port", type=int, default=None, help="Rendezvous port of a multi-host job (torch/shm).")
 @click.option("--master-addr", default=None,
               help="Address the other hosts reach the first host at (default: the first host's name); "
@@ -66,7 +67,8 @@ def run_cli(np, hosts, transport, rsh, port, master_addr, cluster, elastic, min_
     if cluster:  # the emulated hosts of `ringlet cluster up`: the cluster tool fills in the host options
         from ..cluster import run_job as start
     try:
-        status = start(command, np, transport=transport, hosts=hosts, rsh=rsh, port=port, master_addr=master_addr,
+        status = start(command, np, transport=transport, hosts=hosts, rsh=(rsh or "ssh") if cluster else rsh,
+                       port=port, master_addr=master_addr,
                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=run_id,
                        elastic=elastic, min_np=min_np, max_np=max_np, restarts=restarts,
                        elastic_timeout=elastic_timeout, metrics_port=metrics_port,

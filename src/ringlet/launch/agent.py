@@ -215,6 +215,8 @@ def run_multi_host(cfg: RunConfig, hosts) -> int:
     fwd_env = {k: v for k, v in os.environ.items() if k.startswith(("RINGLET_", "HOROVOD_"))}
     fwd_env.update(cfg.extra_env)
     fwd_env["RINGLET_TRANSPORT"] = cfg.transport
+    for name in ("RINGLET_HOSTNAME", "HOROVOD_HOSTNAME"):  # this host's names: each host's launcher names its own
+        fwd_env.pop(name, None)
     secret = fwd_env.pop(SECRET_ENV)
     procs = []
     for i, (host, _) in enumerate(hosts):

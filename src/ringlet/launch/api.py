@@ -5,10 +5,10 @@ import os
 
 from ..security.secret import SECRET_ENV, job_secret, new_secret
 from .agent import run_torch
-from .config import TRANSPORTS, LaunchError, RunConfig
+from .config import TRANSPORTS, LaunchError, RunConfig, say
 from .elastic import ElasticConfig, run_elastic
 from .flight_dir import with_flight_dir
-from .hosts import fit_hosts, parse_host_list, single_host
+from .hosts import fit_hosts, hosts_spec, parse_host_list, single_host
 from .mpi import run_mpi
 
 
@@ -29,7 +29,7 @@ def _cuda_devices() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
-def run(command, np: int | None = None, *, transport: str | None = None, hosts=None, rsh: str = "ssh",
+def run(command, np: int | None = None, *, transport: str | None = None, hosts=None, rsh: str | None = None,
         port: int | None = None, master_addr: str | None = None, node_rank: int | None = None,
         rdzv_endpoint: str | None = None, run_id: str | None = None, env: dict | None = None,
         elastic: bool = False, min_np: int | None = None, max_np: int | None = None,
@@ -43,9 +43,13 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
     ``mpi_entry``: an argv prefix that runs ``mpiexec`` elsewhere (inside an emulated host). Running on
     the emulated hosts of ``ringlet cluster up`` is the cluster tool's: :func:`ringlet.cluster.run_job`
     fills ``hosts``, ``rsh``, ``master_addr``, ``env`` and ``mpi_entry`` and calls this.
+    ``rsh``: the remote shell (default ``ssh``). Inside a Slurm allocation with several nodes and without
+    ``hosts``, the allocation's nodes are the hosts and ``srun`` the default remote shell
+    (:mod:`ringlet.slurm.allocation`, docs/launching.md).
     ``metrics_port``: Prometheus metrics (docs/metrics.md) served on that port by the launcher's agent on
     each host for its ranks, or with ``metrics_per_rank`` by every rank on the port plus its local rank.
     Bad options raise :class:`LaunchError`."""
+    hosts, rsh = _placement(np, hosts, rsh, transport, node_rank, elastic)
     if transport is None:
         transport = default_transport(hosts, elastic=elastic)
     # Every job gets a secret; its store and transport endpoints accept only holders (docs/security.md).
@@ -80,6 +84,24 @@ def run(command, np: int | None = None, *, transport: str | None = None, hosts=N
     if parsed is not None and not single_host(parsed):
         return launch(dict(env or {}))
     return with_flight_dir(dict(env or {}), launch)
+
+
+def _placement(np, hosts, rsh, transport, node_rank, elastic):
+    """(hosts, rsh): as given, or a Slurm allocation's nodes and ``srun`` (:mod:`ringlet.slurm.allocation`)
+    when no host list is given inside one."""
+    if hosts or node_rank is not None or elastic or (transport or "").strip().lower() == "mpi":
+        return hosts, rsh or "ssh"
+    from ..slurm.allocation import allocation_hosts, srun_rsh
+
+    try:
+        found = allocation_hosts(np)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if found is None:
+        return hosts, rsh or "ssh"
+    say(f"inside Slurm allocation {os.environ['SLURM_JOB_ID']}: hosts {hosts_spec(found)}, node launchers "
+        f"through {'srun' if rsh is None else rsh}")
+    return found, rsh or srun_rsh()
 
 
 def _metrics_options(env: dict, port: int | None, per_rank: bool, transport: str, elastic: bool) -> int | None:
