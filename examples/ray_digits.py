@@ -125,6 +125,7 @@ def main():
         executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=args.workers)
         executor.start()
         accuracy = executor.run(train_hvd, kwargs={"epochs": args.epochs})[0]
+        print(f"ranks' hosts: {executor.hosts}")
         executor.shutdown()
     print(f"test accuracy: {accuracy:.4f}  ({args.workers} workers, {args.epochs} epochs, "
           f"{'TorchTrainer' if args.trainer else 'RayExecutor'})")
