@@ -12,7 +12,8 @@ PY=${RINGLET_PY:-$PWD/.venv/bin/python}
 RAY=$(dirname "$PY")/ray
 OUT=$PWD/benchmarks/ray/results
 rm -rf "$OUT" && mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src:$PWD/examples RAY_USAGE_STATS_ENABLED=0
+# Ray 2.60 turns token authentication on (the token in ~/.ray/auth_token); every node and driver must use it.
+export PYTHONPATH=$PWD/src:$PWD/examples RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=token
 stop() {
     "$R" cluster exec h1 -- "$RAY" stop --force >/dev/null 2>&1
     "$R" cluster exec h0 -- "$RAY" stop --force >/dev/null 2>&1
