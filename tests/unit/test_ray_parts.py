@@ -1,6 +1,6 @@
 """ringlet.ray's parts that need no Ray: settings, rank order and environment, the death record the driver
 publishes, the error a failed run raises (over a stand-in for ``ray``), and detect() adopting a default
-group made without torchrun's variables (Ray Train's ``tcp://`` init). The Ray runs are in tests/ray."""
+group made without torchrun's variables (Ray Train's ``tcp://`` init). The Ray runs are in tests/ray_jobs."""
 from __future__ import annotations
 
 import types

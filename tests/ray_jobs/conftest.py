@@ -10,8 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))  # ray_digits, for the tests themselves
-ray = pytest.importorskip("ray", reason="the `ray` package is not installed: `make test-ray` installs it "
-                                        "(pip install 'ringlet[ray]')")
+NO_RAY = "the `ray` package is not installed: `make test-ray` installs it (pip install 'ringlet[ray]')"
 
 
 def pytest_collection_modifyitems(items):
@@ -22,6 +21,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """``ray.init(num_cpus=4)``; the workers import this folder's helpers, ringlet and the examples."""
+    ray = pytest.importorskip("ray", reason=NO_RAY)
     paths = [str(ROOT / "src"), str(Path(__file__).parent), str(ROOT / "examples")]
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))  # the raylet's workers inherit it

@@ -3,7 +3,10 @@ process group Ray Train made (either init method), and the digits example reache
 from __future__ import annotations
 
 import pytest
+from conftest import NO_RAY
 from test_executor import EPOCHS, ringlet_run_accuracy
+
+pytest.importorskip("ray", reason=NO_RAY)
 
 
 @pytest.mark.parametrize("init_method", ["env", "tcp"])

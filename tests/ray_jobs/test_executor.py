@@ -8,11 +8,12 @@ import sys
 
 import pytest
 import ray_fns
-from conftest import ROOT
+from conftest import NO_RAY, ROOT
 
 import ringlet
 from ringlet.ray import RayExecutor
 
+pytest.importorskip("ray", reason=NO_RAY)
 EPOCHS = 3
 
 
