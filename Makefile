@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # fill those gaps (the suite is CPU-bound on 2 cores; docs/testing.md).
 XDIST ?= -n 3 --dist loadfile
 
-.PHONY: setup demo test test-slow bench slurm-cluster clean
+.PHONY: setup setup-ray demo test test-slow test-ray bench slurm-cluster clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,14 @@ test: setup
 test-slow: setup
 	$(VENV)/bin/pytest -q $(XDIST) -m slow tests/unit tests/multiproc $(PYTEST_ARGS); s=$$?; \
 	[ $$s -eq 0 ] || [ $$s -eq 5 ]
+
+# ringlet.ray and Ray Train (tests/ray_jobs): the `ray` extra, then its tests on a local Ray instance. Kept out of
+# `make test`: Ray's start-up and the Ray Train runs take minutes (docs/ray.md).
+setup-ray: setup
+	scripts/install-ray.sh $(VENV)
+
+test-ray: setup-ray
+	$(VENV)/bin/pytest -q tests/ray_jobs $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/ringlet run -np 4 -- $(PY) benchmarks/allreduce_one_host/allreduce_bench.py

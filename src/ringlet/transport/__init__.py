@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from .base import COMPLETED, Capabilities, Handle, HostInfo, Transport, WireCount, WireCounter
 
@@ -9,7 +10,9 @@ NAMES = ("torch", "mpi", "shm", "inproc")
 
 
 def detect() -> str:
-    """The transport implied by the environment: torchrun/ringlet run → torch, mpiexec → mpi."""
+    """The transport implied by the environment: torchrun/ringlet run → torch, mpiexec → mpi; a process
+    whose torch.distributed default group already exists (made by the script or by a framework such as
+    Ray Train, with any init method) → torch, which adopts that group, never a world of one."""
     env = os.environ
     if env.get("RINGLET_TRANSPORT"):
         return env["RINGLET_TRANSPORT"].strip().lower()
@@ -17,6 +20,9 @@ def detect() -> str:
         return "torch"
     if any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")):
         return "mpi"
+    dist = sys.modules.get("torch.distributed")  # not imported: no default group can exist
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return "torch"
     return "single"
 
 
