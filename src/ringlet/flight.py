@@ -57,7 +57,8 @@ def default_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"ringlet-flight-{job}")
 
 
-_INSIDE: dict = {}  # code object -> whether it belongs to ringlet or torch (a few hundred at most)
+_INSIDE: dict = {}  # code object -> whether it belongs to ringlet or torch (a few hundred at most): the
+# user's call site is the first frame outside them (FlightRecorder.enqueue)
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -68,29 +69,6 @@ def _library_dirs() -> tuple[str, ...]:
     return (_PACKAGE_DIR,) if not path else (_PACKAGE_DIR, os.path.dirname(os.path.abspath(path)) + os.sep)
 
 
-def call_site(depth: int = 2, limit: int = 24) -> tuple[str, int] | None:
-    """``(file, line)`` of the first frame outside the ringlet and torch packages, ``depth`` frames
-    above the caller."""
-    try:
-        f = sys._getframe(depth)
-    except ValueError:
-        return None
-    inside = _INSIDE
-    dirs = None
-    for _ in range(limit):
-        if f is None:
-            return None
-        code = f.f_code
-        ins = inside.get(code)
-        if ins is None:
-            dirs = dirs or _library_dirs()
-            ins = inside[code] = code.co_filename.startswith(dirs)
-        if not ins:
-            return code.co_filename, f.f_lineno
-        f = f.f_back
-    return None
-
-
 def _site_text(site: tuple[str, int] | None) -> str:
     return "" if site is None else f"{site[0]}:{site[1]}"
 
@@ -99,7 +77,7 @@ def _site_text(site: tuple[str, int] | None) -> str:
 # stamps SEQ, START and END itself. ERROR is None or (type name, message, peer rank).
 GROUP, KIND, SHAPE, DTYPE, NAME, ALGO, CODE, LINE, ENQUEUE, SEQ, START, END, ERROR = range(13)
 _monotonic = time.monotonic
-_DESC: dict = {}  # request class -> (kind or None when the request carries it, tensor attribute or None)
+_DESC: dict = {}  # request class -> what _describe found out about it
 
 
 def _describe(op: Any) -> tuple:
@@ -230,7 +208,7 @@ class FlightRecorder:
 
     def begin(self, group: Any, kind: str, tensor: Any, name: str = "", algorithm: str = "") -> list | None:
         """Record a collective that starts now outside the runtime's queue (a front end that runs the engine
-        on a channel of its own: the Horovod-style coordinator's fused all-reduces, ZeRO's flat buffers):
+        on a channel of its own: the Horovod-style coordinator's collectives):
         the ring entry, queued and started at once (the caller stamps ``SEQ``), or None when off. No call
         site: such collectives run on a background thread."""
         if self.size <= 0:
