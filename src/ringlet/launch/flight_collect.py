@@ -1,7 +1,8 @@
 """A multi-host job's flight records, collected on its first host when the job fails.
 
 Every host's ranks write their flight records (:mod:`ringlet.flight`) into a folder of their node
-launcher's (``<run dir>/flight``, unless ``RINGLET_FLIGHT_DIR`` is set). When a host's ranks are done, its
+launcher's (``<tmp>/ringlet-flight-host-XXXX``, removed when it exits, unless ``RINGLET_FLIGHT_DIR`` is
+set). When a host's ranks are done, its
 node launcher copies their records into the job's store (the rendezvous store node 0's launcher hosts
 and keeps up for a few seconds after a failure); when the job failed, node 0's launcher waits for every host's (at most
 ``wait`` seconds), writes them all into one folder on its host and prints where it is and the verdict of
