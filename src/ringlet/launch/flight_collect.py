@@ -2,12 +2,12 @@
 
 Every host's ranks write their flight records (:mod:`ringlet.flight`) into a folder of their node
 launcher's (``<tmp>/ringlet-flight-host-XXXX``, removed when it exits, unless ``RINGLET_FLIGHT_DIR`` is
-set). When a host's ranks are done, its
-node launcher copies their records into the job's store (the rendezvous store node 0's launcher hosts
-and keeps up for a few seconds after a failure); when the job failed, node 0's launcher waits for every host's (at most
-``wait`` seconds), writes them all into one folder on its host and prints where it is and the verdict of
-``ringlet diagnose`` on it, as a single-host job's launcher does. A host that did not deliver in time is
-named in that line; the verdict then covers the ranks that did.
+set). When a host's ranks are done, its node launcher copies their records into the job's store (the
+rendezvous store node 0's launcher hosts and keeps up for a few seconds after a failure). When the job
+failed, node 0's launcher waits for every host's (at most ``wait`` seconds), writes them all into one
+folder on its host and prints where it is and the verdict of ``ringlet diagnose`` on it, as a
+single-host job's launcher does. A host that did not deliver in time is named in that line; the verdict
+then covers the ranks that did.
 """
 from __future__ import annotations
 
