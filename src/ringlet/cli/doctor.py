@@ -28,7 +28,8 @@ from ..launch import TRANSPORTS, LaunchError, run
 @click.option("--cluster", is_flag=True, help="Run on the emulated hosts of `ringlet cluster up`.")
 @click.option("--transport", type=click.Choice(TRANSPORTS), default=None,
               help="The job's transport (default: as `ringlet run`).")
-@click.option("--rsh", default="ssh", show_default=True, help="Remote shell for hosts other than this one.")
+@click.option("--rsh", default=None,
+              help="Remote shell for hosts other than this one (default: ssh; srun inside a Slurm allocation).")
 @click.option("--every-rank", is_flag=True, help="Measure every rank, not one per host (always so on one host).")
 @click.option("--quick", is_flag=True, help="Small transfers and short compute runs (a smoke test, not a measure).")
 @click.option("--clock-threshold-ms", type=float, default=10.0, show_default=True,
@@ -49,7 +50,7 @@ def doctor_cli(np_, hosts, cluster, transport, rsh, every_rank, quick, clock_thr
         if cluster:
             from ..cluster import run_job
 
-            status = run_job(cmd, np_, transport=transport, hosts=hosts, rsh=rsh)
+            status = run_job(cmd, np_, transport=transport, hosts=hosts, rsh=rsh or "ssh")
         else:
             status = run(cmd, np_, transport=transport, hosts=hosts, rsh=rsh)
     except LaunchError as exc:
