@@ -1,12 +1,12 @@
 """Training steps as the front ends see them: a process-wide tally that costs a few hundred nanoseconds
 per step and that readers (:mod:`ringlet.metrics`) fold when they are asked.
 
-The training front ends call :func:`mark` once per step — DDP at the first forward of a step (as it
-marks the timeline), ``DistributedOptimizer`` and ZeRO at the end of ``step()`` — and :func:`waited` (or
-:func:`wait_for`) with the seconds the training thread spent blocked on its gradient reductions after
-the backward (DDP's wait for every bucket, ``DistributedOptimizer.synchronize``, ZeRO's end of
-backward): communication not hidden behind the backward, the *exposed* communication. :func:`switched` counts the changes the tuners make
-while training runs (an all-reduce algorithm chosen or re-chosen, a bucket size, a model's re-trial).
+The training front ends report their steps to their step meter (:mod:`ringlet.straggler`), which passes
+them on here: :func:`mark` once per step, and :func:`waited` with the seconds the training thread spent
+blocked in collectives (DDP's wait for every bucket, ``DistributedOptimizer.synchronize``, ZeRO's
+gathers and end of backward): communication not hidden behind compute, the *exposed* communication.
+:func:`switched` counts the changes the tuners make while training runs (an all-reduce algorithm chosen
+or re-chosen, a bucket size, a model's re-trial).
 
 A script with its own training loop may call :func:`mark` itself. Nothing here imports the rest of
 ringlet; every function is thread-safe.
@@ -16,11 +16,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, TypeVar
 
-T = TypeVar("T")
-
-__all__ = ["StepClock", "CLOCK", "mark", "waited", "wait_for", "switched"]
+__all__ = ["StepClock", "CLOCK", "mark", "waited", "switched"]
 
 KEEP = 4096  # step boundaries kept for readers that fold less often than every 4096 steps
 
@@ -72,15 +69,6 @@ def mark(now: float | None = None) -> None:
 def waited(seconds: float) -> None:
     """:meth:`StepClock.waited` on the process's clock."""
     CLOCK.waited(seconds)
-
-
-def wait_for(fn: Callable[[], T]) -> T:
-    """``fn()``, its duration (also when it raises) added with :func:`waited`: a front end's wait."""
-    t0 = time.monotonic()
-    try:
-        return fn()
-    finally:
-        CLOCK.waited(time.monotonic() - t0)
 
 
 def switched(kind: str) -> None:

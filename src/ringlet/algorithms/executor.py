@@ -413,29 +413,33 @@ def execute(schedule: Schedule, channel, buffers: tuple[torch.Tensor, ...],
     handles: list = [None] * len(msgs)
     transport, peers, tag, timeout = channel.transport, channel.peers, channel.tag, channel.timeout
     isend, irecv = transport.isend, transport.irecv
-    links = getattr(transport, "links", None)
-    clock = _SendClock(links, itemsize) if links is not None else None
+    clock = _SendClock(transport.links, itemsize) if transport.links is not None else None
     for act in plan.actions:
         kind, mid = act[0], act[1]
         m = msgs[mid]
         peer = peers[m.peer]
         if kind == POST_RECV:
-            _wait_sends(handles, act[2], timeout, clock)
+            if act[2]:  # most actions wait for no send
+                _wait_sends(handles, act[2], timeout, clock)
             view = (buffers[m.buf][m.offset:m.offset + m.count] if m.direct
                     else scratch[m.scratch:m.scratch + m.count])
             handles[mid] = irecv(view, peer, tag + m.step)
         elif kind == POST_SEND:
-            _wait_sends(handles, act[2], timeout, clock)
+            if act[2]:
+                _wait_sends(handles, act[2], timeout, clock)
             handles[mid] = isend(buffers[m.buf][m.offset:m.offset + m.count], peer, tag + m.step)
             if clock is not None and m.count >= clock.min_count:
                 clock.posted(mid, peer, m.count)
         else:
             handles[mid].wait(timeout)
             handles[mid] = None
-            _wait_sends(handles, act[2], timeout, clock)
+            if act[2]:
+                _wait_sends(handles, act[2], timeout, clock)
             if not m.direct:
                 _apply(schedule, m, buffers, scratch, combine)
-    _wait_sends(handles, [sid for sid in plan.tail_waits if handles[sid] is not None], timeout, clock)
+    tail = [sid for sid in plan.tail_waits if handles[sid] is not None]
+    if tail:
+        _wait_sends(handles, tail, timeout, clock)
 
 
 def _apply(schedule: Schedule, m: Msg, buffers, scratch: torch.Tensor, combine) -> None:

@@ -48,7 +48,7 @@ def _attach(rt):
     if not opts.enabled or rt.size < 2:
         return NullMeter()
     links = None
-    if getattr(rt.transport, "links", None) is None:
+    if rt.transport.links is None:
         links = LinkCounter(opts.link_min_bytes)
         rt.transport.links = links
     m = StepMeter(opts, links)
